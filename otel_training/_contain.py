@@ -1,0 +1,50 @@
+"""Containment: instrumentation must never break or stall the training loop.
+
+Every entry point the training thread calls goes through ``contained`` (or
+catches and calls ``log_once``): an internal failure is logged once per place
+with its traceback and then swallowed, so a bug or a broken exporter costs a log
+line, never a training run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+logger = logging.getLogger("otel_training")
+
+_seen: set[str] = set()
+_seen_lock = threading.Lock()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def log_once(key: str, message: str, *args: Any, exc_info: bool = True) -> None:
+    """Log ``message`` the first time ``key`` is seen in this process."""
+    with _seen_lock:
+        if key in _seen:
+            return
+        _seen.add(key)
+    logger.warning(message + " (further occurrences are not logged)", *args, exc_info=exc_info)
+
+
+def contained(default: Any = None) -> Callable[[F], F]:
+    """Run the function; on any exception log it once and return ``default``."""
+
+    def decorate(function: F) -> F:
+        key = f"{function.__module__}.{function.__qualname__}"
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - the whole point is to contain everything
+                log_once(key, "otel_training: internal error in %s; training continues", key)
+                return default
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

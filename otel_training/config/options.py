@@ -1,0 +1,287 @@
+"""The options of ``configure()``, and how they are resolved.
+
+Every option has one declaration here (its type, default and meaning), and is
+read from, in order of precedence: the ``configure()`` argument, the
+``OTEL_TRAINING_<OPTION>`` environment variable, the config file named by
+``OTEL_TRAINING_CONFIG`` (JSON, or TOML), then the default. Bad input raises
+``ConfigError`` before training starts and names where the bad value came from,
+because a typo found after an hour of training costs an hour of a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "OTEL_TRAINING_"
+ENV_CONFIG_FILE = "OTEL_TRAINING_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the option and where it came from."""
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+    raise ValueError("expected a boolean (true/false)")
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return int(value.strip())
+    raise ValueError("expected an integer")
+
+
+def _parse_seconds(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number of seconds, got a boolean")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = float(value.strip())
+    else:
+        raise ValueError("expected a number of seconds")
+    if math.isnan(seconds) or seconds < 0 or math.isinf(seconds):
+        raise ValueError("expected a finite number of seconds >= 0")
+    return seconds
+
+
+def _parse_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _parse_str_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = [item.strip() for item in value.split(",")]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise ValueError("expected a list of strings (or a comma-separated string)")
+    if not all(isinstance(item, str) and item for item in items):
+        raise ValueError("expected non-empty strings")
+    return tuple(items)
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse_optional(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return None
+        return parse(value)
+
+    return parse_optional
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def parse_choice(value: Any) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value.strip().lower()
+
+    return parse_choice
+
+
+def _non_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    def parse_non_negative(value: Any) -> int:
+        number = parse(value)
+        if number < 0:
+            raise ValueError("expected a value >= 0")
+        return number
+
+    return parse_non_negative
+
+
+def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    def parse_positive(value: Any) -> int:
+        number = parse(value)
+        if number <= 0:
+            raise ValueError("expected a value > 0")
+        return number
+
+    return parse_positive
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+_UNSET = object()
+
+#: The declaration of every option. docs/configuration.md is generated from it
+#: (see ``otel_training.config.options.markdown_table``) and checked by a test.
+OPTIONS: tuple[Option, ...] = (
+    # Where the telemetry goes.
+    Option("exporter", _optional(_choice("otlp", "file", "console", "none")), None,
+           'Span exporter: "otlp", "file", "console" or "none". Default: "otlp" when '
+           "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, else \"file\"."),
+    Option("output_dir", _parse_str, "./otel-traces",
+           "Directory of the file exporter: traces-r<rank>.jsonl and metrics-r<rank>.jsonl (OTLP JSON Lines)."),
+    Option("service_name", _optional(_parse_str), None,
+           'service.name when OTEL_SERVICE_NAME is not set. Default "training".'),
+    Option("set_global", _parse_bool, True,
+           "Install the providers as OpenTelemetry's global ones (first configure only)."),
+    Option("metrics", _parse_bool, True, "Set up a MeterProvider exporting like the traces."),
+    # Who is emitting: explicit values override what is detected from the launcher.
+    Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
+    Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),
+    Option("run_id", _optional(_parse_str), None, "training.run.id, one launch attempt (default: derived)."),
+    Option("rank", _optional(_non_negative(_parse_int)), None, "training.rank (default: RANK / SLURM_PROCID)."),
+    Option("local_rank", _optional(_non_negative(_parse_int)), None, "training.local_rank."),
+    Option("world_size", _optional(_positive(_parse_int)), None, "training.world_size."),
+    Option("node_rank", _optional(_non_negative(_parse_int)), None, "training.node.rank."),
+    Option("restart_count", _optional(_non_negative(_parse_int)), None, "training.restart.count."),
+    # Continual training lineage, stamped on every span.
+    Option("pipeline_id", _optional(_parse_str), None, "training.pipeline.id on every span."),
+    Option("trigger_id", _optional(_parse_str), None, "training.trigger.id on every span."),
+    Option("trigger_training_id", _optional(_parse_str), None, "training.trigger.training_id on every span."),
+    # Trace layout.
+    Option("trace_max_spans", _positive(_parse_int), 10_000,
+           "Spans per trace before a long-lived span (train, epoch) continues in a new, linked trace."),
+    Option("trace_max_age_s", _parse_seconds, 3600.0,
+           "Age of a trace before a long-lived span continues in a new, linked trace."),
+    # Failure handling.
+    Option("exception_hooks", _parse_bool, True,
+           "Record uncaught exceptions (sys/threading excepthook), end open spans as ERROR, flush."),
+    Option("signal_hooks", _parse_bool, True,
+           "Record termination signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT), end open spans, flush."),
+    Option("exit_timeout_s", _parse_seconds, 2.0,
+           "Bound on the flush at process exit, on a fatal signal or an uncaught exception."),
+    # DLRover-compatible event log.
+    Option("dlrover_log", _optional(_parse_str), None,
+           "Write a DLRover-format event log to this file (BEGIN at span start, END at span end)."),
+    Option("dlrover_log_format", _choice("text", "json"), "text", 'DLRover log line format: "text" or "json".'),
+    Option("dlrover_log_queue_size", _positive(_parse_int), 8192,
+           "Bound of the DLRover log writer queue; lines past it are dropped and counted."),
+    # Stuck-step detection (see docs/stuck-detection.md).
+    Option("stuck_threshold_s", _optional(_parse_seconds), None,
+           "Alert when a watched span stays open longer than this. Unset and not adaptive: detection off."),
+    Option("stuck_span_names", _parse_str_list, ("training.step",),
+           'Span names (or fnmatch patterns, optionally "name=seconds") the stuck detector watches.'),
+    Option("stuck_adaptive", _parse_bool, False, "Learn each watched span name's threshold from its history."),
+    Option("stuck_action", _choice("none", "exit", "signal"), "none",
+           'What to do on a stuck alert besides reporting it: "none", "exit" or "signal".'),
+    Option("stuck_exit_code", _parse_int, 75, 'Exit code of the "exit" stuck action.'),
+    Option("stuck_signal", _parse_str, "SIGTERM", 'Signal sent to the process by the "signal" stuck action.'),
+    Option("stuck_escalation_s", _optional(_parse_seconds), None,
+           "Repeat the stuck alert every this many seconds while the span stays open (default: the threshold)."),
+    Option("watchdog", _parse_bool, False,
+           "Start a sidecar watchdog process that reports frozen (GIL held) or killed training processes."),
+    # Goodput (see docs/goodput.md).
+    Option("goodput", _parse_bool, True, "Derive goodput/badput and step-time metrics from spans."),
+    Option("evaluation_is_productive", _parse_bool, False, "Count evaluation time as goodput."),
+    Option("ideal_step_time_s", _optional(_parse_seconds), None,
+           "Ideal step time for step-time deviation (default: mean of the normal steps)."),
+)
+
+OPTIONS_BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+
+
+def _unknown(name: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(name, OPTIONS_BY_NAME, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known options: {', '.join(OPTIONS_BY_NAME)}"
+    return ConfigError(f"unknown option {name!r} in {where}{hint}")
+
+
+def _load_file(path: str) -> dict[str, Any]:
+    """Read the config file; any problem is a ConfigError naming the file."""
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error.strerror or error}") from None
+    try:
+        if file.suffix.lower() == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            data = tomllib.loads(raw.decode("utf-8"))
+        else:
+            data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {path!r} is malformed: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r}: expected a table/object of options, got {type(data).__name__}")
+    return data
+
+
+def resolve(
+    arguments: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> dict[str, Any]:
+    """Merge arguments, environment, file and defaults into one validated dict.
+
+    ``config_file`` overrides ``OTEL_TRAINING_CONFIG``. Raises ``ConfigError``.
+    """
+    environ = os.environ if environ is None else environ
+    for name in arguments:
+        if name not in OPTIONS_BY_NAME:
+            raise _unknown(name, "configure() arguments")
+    path = config_file or environ.get(ENV_CONFIG_FILE) or None
+    file_values: dict[str, Any] = {}
+    if path:
+        file_values = _load_file(path)
+        for name in file_values:
+            if name not in OPTIONS_BY_NAME:
+                raise _unknown(name, f"config file {path!r}")
+    for key in environ:
+        # OTEL_TRAINING__* (double underscore) is reserved for the library's own
+        # plumbing between processes (launcher, watchdog) and is not an option.
+        if key.startswith(ENV_PREFIX) and key != ENV_CONFIG_FILE and not key.startswith(ENV_PREFIX + "_"):
+            if key[len(ENV_PREFIX):].lower() not in OPTIONS_BY_NAME:
+                raise _unknown(key[len(ENV_PREFIX):].lower(), f"environment variable {key}")
+
+    resolved: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.name in arguments:
+            value, where = arguments[option.name], f"configure({option.name}=...)"
+        elif option.env in environ:
+            value, where = environ[option.env], f"environment variable {option.env}"
+        elif option.name in file_values:
+            value, where = file_values[option.name], f"config file {path!r}, key {option.name!r}"
+        else:
+            resolved[option.name] = option.default
+            continue
+        try:
+            resolved[option.name] = option.parse(value)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{where}: invalid value {value!r} for option {option.name!r}: {error}") from None
+    return resolved
+
+
+def markdown_table() -> str:
+    """The configuration table of the docs, generated so it cannot drift."""
+    lines = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        default = option.default
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        lines.append(f"| `{option.name}` | `{option.env}` | `{default}` | {option.help} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""Who is emitting: the OpenTelemetry resource of a training process.
+
+The identity of a rank lives in the launcher's environment (torchrun/torchelastic,
+Slurm, Kubernetes, DLRover), so it is detected from there; explicit options win,
+and ``OTEL_RESOURCE_ATTRIBUTES``/``OTEL_SERVICE_NAME`` are honoured by the SDK's
+own ``Resource.create``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from otel_training import semconv as sc
+
+DEFAULT_SERVICE_NAME = "training"
+
+
+def _int(environ: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = environ.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return None
+
+
+def _str(environ: Mapping[str, str], *names: str) -> str | None:
+    for name in names:
+        value = environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def detect_training_identity(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Training attributes from torchrun, Slurm, DLRover and Kubernetes variables."""
+    identity: dict[str, Any] = {
+        sc.TRAINING_RANK: _int(environ, "RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"),
+        sc.TRAINING_LOCAL_RANK: _int(environ, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        sc.TRAINING_WORLD_SIZE: _int(environ, "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        sc.TRAINING_NODE_RANK: _int(environ, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID"),
+        sc.TRAINING_RESTART_COUNT: _int(environ, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"),
+        sc.TRAINING_JOB_ID: _str(environ, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "ELASTIC_JOB_NAME", "DLROVER_JOB_NAME"),
+    }
+    # Kubernetes sets HOSTNAME to the pod name; elsewhere HOSTNAME is just the host.
+    pod = environ.get("POD_NAME") or (environ.get("HOSTNAME") if environ.get("KUBERNETES_SERVICE_HOST") else None)
+    if pod:
+        identity[sc.K8S_POD_NAME] = pod
+    return {key: value for key, value in identity.items() if value is not None}
+
+
+def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Resource:
+    """The process resource: detection, then explicit options, then OTEL_* variables.
+
+    ``training.run.id`` names one launch attempt: every rank of one torchrun
+    attempt shares it (job id + restart count), so a report can tell restarts
+    apart; a process with no launcher gets a random one.
+    """
+    environ = os.environ if environ is None else environ
+    attributes = detect_training_identity(environ)
+    explicit = {
+        sc.TRAINING_JOB_ID: options.get("job_id"),
+        sc.TRAINING_RUN_ID: options.get("run_id"),
+        sc.TRAINING_RANK: options.get("rank"),
+        sc.TRAINING_LOCAL_RANK: options.get("local_rank"),
+        sc.TRAINING_WORLD_SIZE: options.get("world_size"),
+        sc.TRAINING_NODE_RANK: options.get("node_rank"),
+        sc.TRAINING_RESTART_COUNT: options.get("restart_count"),
+    }
+    attributes.update({key: value for key, value in explicit.items() if value is not None})
+    attributes.setdefault(sc.TRAINING_RANK, 0)
+    attributes.setdefault(sc.TRAINING_WORLD_SIZE, 1)
+    attributes.setdefault(sc.TRAINING_RESTART_COUNT, 0)
+    if sc.TRAINING_JOB_ID not in attributes:
+        attributes[sc.TRAINING_JOB_ID] = f"local-{uuid.uuid4().hex[:12]}"
+    if sc.TRAINING_RUN_ID not in attributes:
+        if sc.TRAINING_JOB_ID in detect_training_identity(environ) or options.get("job_id"):
+            attributes[sc.TRAINING_RUN_ID] = f"{attributes[sc.TRAINING_JOB_ID]}-{attributes[sc.TRAINING_RESTART_COUNT]}"
+        else:
+            attributes[sc.TRAINING_RUN_ID] = uuid.uuid4().hex[:16]
+    attributes[sc.TRAINING_ROLE] = options.get("role") or sc.ROLE_TRAINER
+    attributes[sc.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
+    attributes[sc.HOST_NAME] = socket.gethostname()
+    attributes[sc.PROCESS_PID] = os.getpid()
+    attributes[sc.SERVICE_NAME] = options.get("service_name") or DEFAULT_SERVICE_NAME
+    # Precedence: detection < OTEL_RESOURCE_ATTRIBUTES < explicit options; and for
+    # service.name: default < service_name option < OTEL_SERVICE_NAME.
+    # (Resource.create alone would let detection override the variables.)
+    from_env = OTELResourceDetector().detect()
+    explicit_attributes = {key: value for key, value in explicit.items() if value is not None}
+    explicit_attributes[sc.TRAINING_ROLE] = attributes[sc.TRAINING_ROLE]
+    return Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))

@@ -1,0 +1,376 @@
+"""``configure()`` and the ``Telemetry`` handle: one tracing pipeline per process.
+
+What this adds over a plain SDK setup is the guarantees a training job needs:
+flush and shutdown that return within their timeout even when the collector is
+gone (the SDK's ``force_flush`` ignores its timeout and its ``shutdown`` waits
+out the exporter's retries), an exit path bounded the same way instead of the
+SDK's unbounded ``atexit`` hook, and an account of every span that was not
+delivered.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Tracer
+
+from otel_training import semconv as sc
+from otel_training._contain import contained, log_once
+from otel_training.config import otel_env
+from otel_training.config.options import ConfigError, resolve
+from otel_training.config.resource import build_resource
+from otel_training.exporters.console import console_exporter
+from otel_training.exporters.guarded import GuardedSpanExporter
+from otel_training.exporters.otlp_json import (
+    OtlpJsonFileMetricExporter,
+    OtlpJsonFileSpanExporter,
+    metrics_file,
+    trace_file,
+)
+from otel_training.processors.lineage import LineageSpanProcessor
+from otel_training.processors.open_spans import OpenSpanTracker
+
+logger = logging.getLogger("otel_training")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushResult:
+    """What a flush or shutdown achieved within its deadline."""
+
+    completed: bool
+    """True when everything queued was handed to the exporter before the deadline."""
+    exported: int
+    """Spans the exporter delivered since start-up."""
+    dropped: int
+    """Spans that will never be delivered: failed exports, queue overflow, and on
+    shutdown whatever was still queued."""
+    pending: int
+    """Spans still queued or in flight (0 after a shutdown)."""
+    elapsed_s: float
+
+
+class _CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, counting the spans it is given."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        super().__init__(exporter)
+        self.accepted = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            self.accepted += 1
+        super().on_end(span)
+
+    def queued(self) -> int:
+        # The queue is private to the SDK; only used to tell pending from dropped.
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        return len(queue) if queue is not None else 0
+
+
+def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str) -> bool:
+    """Run ``function`` in a daemon thread; True if it returned within ``timeout_s``.
+
+    The SDK's flush and shutdown can block for the exporter's whole retry budget;
+    a daemon thread lets us stop waiting without being able to cancel them.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            function()
+        except Exception:  # noqa: BLE001
+            log_once(f"deadline:{name}", "otel_training: %s raised", name)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name=f"otel-training-{name}", daemon=True)
+    thread.start()
+    return done.wait(max(0.0, timeout_s))
+
+
+def _otlp_span_exporter(environ: Mapping[str, str]) -> SpanExporter:
+    if otel_env.otlp_protocol(environ, "TRACES") == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+    return GrpcExporter()
+
+
+def _otlp_metric_exporter(environ: Mapping[str, str]) -> MetricExporter:
+    if otel_env.otlp_protocol(environ, "METRICS") == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+    return GrpcExporter()
+
+
+def default_exporter(environ: Mapping[str, str]) -> str:
+    """``otlp`` when a collector endpoint is configured, else the embedded ``file``."""
+    if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return "otlp"
+    return "file"
+
+
+class Telemetry:
+    """The handle ``configure()`` returns: providers, tracer, meter, and bounded flush/shutdown."""
+
+    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self.options: dict[str, Any] = dict(options)
+        self.exporter_name: str = self.options["exporter"] or default_exporter(environ)
+        self.options["exporter"] = self.exporter_name
+        self.resource: Resource = build_resource(self.options, environ)
+        self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]
+        self.disabled: bool = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+        self.trace_path: Path | None = None
+        self.metrics_path: Path | None = None
+        self._shutdown_result: FlushResult | None = None
+        self._shutdown_lock = threading.Lock()
+        self._on_shutdown: list[Callable[[], None]] = []
+        self._metric_exporter: MetricExporter | None = None
+
+        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        self.open_spans = OpenSpanTracker()
+        self.lineage = LineageSpanProcessor(
+            {
+                key: value
+                for key, value in (
+                    (sc.TRAINING_PIPELINE_ID, self.options.get("pipeline_id")),
+                    (sc.TRAINING_TRIGGER_ID, self.options.get("trigger_id")),
+                    (sc.TRAINING_TRIGGER_TRAINING_ID, self.options.get("trigger_training_id")),
+                )
+                if value is not None
+            }
+        )
+        self.tracer_provider.add_span_processor(self.lineage)
+        self.tracer_provider.add_span_processor(self.open_spans)
+
+        span_exporter = None if self.disabled else self._make_span_exporter(environ)
+        self._guard: GuardedSpanExporter | None = None
+        self._batch: _CountingBatchSpanProcessor | None = None
+        if span_exporter is not None:
+            self._guard = GuardedSpanExporter(span_exporter)
+            self._batch = _CountingBatchSpanProcessor(self._guard)
+            self.tracer_provider.add_span_processor(self._batch)
+
+        readers = []
+        if self.options["metrics"] and not self.disabled:
+            self._metric_exporter = self._make_metric_exporter(environ)
+            if self._metric_exporter is not None:
+                readers.append(PeriodicExportingMetricReader(self._metric_exporter))
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, shutdown_on_exit=False)
+
+        self.tracer: Tracer = self.tracer_provider.get_tracer(
+            sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
+        )
+        self.meter: Meter = self.meter_provider.get_meter(
+            sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
+        )
+        self.meter.create_observable_counter(
+            sc.METRIC_SPANS_DROPPED,
+            callbacks=[self._observe_dropped],
+            unit="{span}",
+            description="Spans the exporter will never deliver (failed exports and queue overflow).",
+        )
+        atexit.register(self._atexit)
+
+    # -- construction -------------------------------------------------------
+    def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
+        if self.exporter_name == "otlp":
+            return _otlp_span_exporter(environ)
+        if self.exporter_name == "file":
+            self.trace_path = trace_file(self.options["output_dir"], self.rank)
+            return OtlpJsonFileSpanExporter(self.trace_path)
+        if self.exporter_name == "console":
+            return console_exporter()
+        return None
+
+    def _make_metric_exporter(self, environ: Mapping[str, str]) -> MetricExporter | None:
+        if self.exporter_name == "otlp":
+            return _otlp_metric_exporter(environ)
+        if self.exporter_name == "file":
+            self.metrics_path = metrics_file(self.options["output_dir"], self.rank)
+            return OtlpJsonFileMetricExporter(self.metrics_path)
+        return None
+
+    # -- extension ----------------------------------------------------------
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        """Add a processor to this pipeline (stuck detection, goodput, DLRover log, yours)."""
+        self.tracer_provider.add_span_processor(processor)
+
+    def on_shutdown(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
+        self._on_shutdown.append(callback)
+
+    # -- accounting ---------------------------------------------------------
+    def _counts(self) -> tuple[int, int, int]:
+        """(exported, dropped, pending) right now."""
+        if self._batch is None or self._guard is None:
+            return 0, 0, 0
+        exported = self._guard.exported
+        pending = self._batch.queued() + self._guard.in_flight
+        dropped = max(0, self._batch.accepted - exported - pending)
+        return exported, dropped, pending
+
+    def _observe_dropped(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._counts()[1])]
+
+    @property
+    def spans_dropped(self) -> int:
+        return self._counts()[1]
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shutdown_result is not None
+
+    # -- flush and shutdown -------------------------------------------------
+    def force_flush(self, timeout_s: float = 5.0) -> FlushResult:
+        """Export what is queued; returns within ``timeout_s`` whatever the collector does."""
+        start = time.monotonic()
+        if self.is_shut_down:
+            return self._shutdown_result  # type: ignore[return-value]
+        completed = _run_with_deadline(self.tracer_provider.force_flush, timeout_s, "flush-traces")
+        remaining = timeout_s - (time.monotonic() - start)
+        if self.meter_provider is not None and remaining > 0:
+            _run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
+        exported, dropped, pending = self._counts()
+        return FlushResult(completed and pending == 0, exported, dropped, pending, time.monotonic() - start)
+
+    def shutdown(self, timeout_s: float = 5.0) -> FlushResult:
+        """Flush, then stop exporting; returns within ``timeout_s`` and says what was lost."""
+        with self._shutdown_lock:
+            if self._shutdown_result is not None:
+                return self._shutdown_result
+            start = time.monotonic()
+            deadline = start + max(0.0, timeout_s)
+            for callback in reversed(self._on_shutdown):
+                contained()(callback)()
+            # Most of the budget for delivering spans, the rest for stopping cleanly.
+            completed = _run_with_deadline(
+                self.tracer_provider.force_flush, 0.8 * (deadline - time.monotonic()), "flush-traces"
+            )
+            if self._guard is not None:
+                # Interrupts the OTLP exporter's retry back-off and refuses later batches.
+                self._guard.close()
+            _run_with_deadline(self.tracer_provider.shutdown, 0.5 * (deadline - time.monotonic()), "shutdown-traces")
+            if not _run_with_deadline(
+                self.meter_provider.shutdown, deadline - time.monotonic(), "shutdown-metrics"
+            ) and self._metric_exporter is not None:
+                contained()(self._metric_exporter.shutdown)()
+            exported, dropped, pending = self._counts()
+            dropped += pending  # nothing queued now will ever leave
+            result = FlushResult(completed and dropped == 0, exported, dropped, 0, time.monotonic() - start)
+            self._shutdown_result = result
+            if dropped:
+                logger.warning(
+                    "otel_training: %d span(s) were not delivered by the %s exporter (%d delivered)",
+                    dropped, self.exporter_name, exported,
+                )
+            return result
+
+    def _atexit(self) -> None:
+        if not self.is_shut_down:
+            self.shutdown(timeout_s=self.options["exit_timeout_s"])
+
+
+def _version() -> str:
+    from otel_training._version import __version__
+
+    return __version__
+
+
+_configure_lock = threading.RLock()
+_current: Telemetry | None = None
+_plugins: list[Callable[[Telemetry], None]] = []
+
+
+def get_telemetry() -> Telemetry | None:
+    """The handle of the last ``configure()``, or None."""
+    return _current
+
+
+def _install_plugins(telemetry: Telemetry) -> None:
+    """Processors and helpers that options turn on, each in its own module."""
+    # The DLRover-format event log (issue 2).
+    if telemetry.options["dlrover_log"]:
+        from otel_training.processors.dlrover_log import DLRoverLogProcessor
+
+        telemetry.add_span_processor(
+            DLRoverLogProcessor(
+                telemetry.options["dlrover_log"],
+                json_lines=telemetry.options["dlrover_log_format"] == "json",
+                max_queue_size=telemetry.options["dlrover_log_queue_size"],
+            )
+        )
+    for plugin in _plugins:
+        plugin(telemetry)
+
+
+def register_plugin(plugin: Callable[[Telemetry], None]) -> None:
+    """Have ``configure()`` call ``plugin(telemetry)`` on every new pipeline."""
+    _plugins.append(plugin)
+
+
+def configure(*, reconfigure: bool = False, config_file: str | None = None, **options: Any) -> Telemetry:
+    """Set up tracing and metrics for this process; see docs/configuration.md.
+
+    Calling it again returns the same handle. With other options it raises,
+    unless ``reconfigure=True``, which shuts the old pipeline down (bounded) and
+    builds a new one. It never installs two global providers.
+
+    Raises ``ConfigError`` (a ``ValueError``) naming the option, variable or
+    file and the bad value.
+    """
+    global _current
+    with _configure_lock:
+        resolved = resolve(options, os.environ, config_file)
+        otel_env.validate(os.environ)
+        if _current is not None and not _current.is_shut_down:
+            if not reconfigure:
+                same = all(_current.options.get(key) == value for key, value in resolved.items() if key in options)
+                if options and not same:
+                    raise ConfigError(
+                        "configure() was already called with other options; "
+                        "pass reconfigure=True to replace the pipeline"
+                    )
+                return _current
+            _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
+        telemetry = Telemetry(resolved)
+        first = _current is None
+        _current = telemetry
+        if resolved["set_global"] and first:
+            _set_global(telemetry)
+        _install_plugins(telemetry)
+        from otel_training.events import hooks
+
+        hooks.install(telemetry)
+        return telemetry
+
+
+def _set_global(telemetry: Telemetry) -> None:
+    if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
+        trace_api.set_tracer_provider(telemetry.tracer_provider)
+    else:
+        logger.info("otel_training: a global TracerProvider is already set; leaving it in place")
+    if isinstance(metrics_api.get_meter_provider(), metrics_api._internal._ProxyMeterProvider):  # noqa: SLF001
+        metrics_api.set_meter_provider(telemetry.meter_provider)

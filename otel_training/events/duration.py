@@ -1,0 +1,254 @@
+"""``Duration``: DLRover's BEGIN/END event pair as one OpenTelemetry span.
+
+A begun Duration is the current span, so durations begun inside it nest
+(substep under step under epoch under train). Long-lived durations keep traces
+small: when the trace a child would join has reached ``trace_max_spans`` spans
+or ``trace_max_age_s`` seconds, the parent continues in a new trace (a span of
+the same name, ``training.trace.segment`` = n, linked to the original and to the
+previous segment), and children from then on belong to the new trace. See
+docs/trace-layout.md.
+
+Every method is contained: nothing here raises into training code, except the
+user's own exception leaving a ``with`` block, which is recorded and re-raised.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, Status, StatusCode
+
+from otel_training import semconv as sc
+from otel_training._contain import contained, log_once
+from otel_training.events.attributes import to_attributes
+from otel_training.events.runtime import EventsRuntime, runtime
+
+if TYPE_CHECKING:
+    from otel_training.events.process import Process
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
+
+
+def current_duration() -> Duration | None:
+    """The innermost begun Duration of this context, if any."""
+    return _CURRENT.get()
+
+
+class Duration:
+    """A span with DLRover's Duration API: ``with``, decorator, or begin()/end()."""
+
+    __slots__ = (
+        "_process",
+        "name",
+        "event_name",
+        "_attributes",
+        "_span",
+        "_token",
+        "_current_token",
+        "_segment",
+        "_segment_index",
+        "_child_context",
+        "_ended",
+    )
+
+    def __init__(
+        self,
+        process: Process,
+        name: str,
+        content: Mapping[str, Any] | None = None,
+        *,
+        event_name: str | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        self._process = process
+        self.name = name
+        self.event_name = event_name or name
+        attrs = {sc.EVENT_TARGET: process.target, sc.EVENT_NAME: self.event_name}
+        if attributes:
+            attrs.update(attributes)
+        if content:
+            attrs.update(to_attributes(content))
+        self._attributes = attrs
+        self._span: Span | None = None
+        self._token: object | None = None
+        self._current_token: contextvars.Token[Duration | None] | None = None
+        self._segment: Span | None = None
+        self._segment_index = 0
+        self._child_context: Context | None = None
+        self._ended = False
+
+    # -- the span -----------------------------------------------------------
+    @property
+    def span(self) -> Span:
+        """The underlying span (a non-recording one before ``begin()``)."""
+        return self._span if self._span is not None else trace_api.INVALID_SPAN
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return dict(self._attributes)
+
+    @contained(default=None)
+    def begin(self) -> Duration:
+        """Start the span and make it current."""
+        if self._span is not None:
+            log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
+                     exc_info=False)
+            return self
+        rt = runtime()
+        parent = _CURRENT.get()
+        context = None
+        if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
+            context = parent._context_for_child(rt)
+        span = rt.tracer.start_span(self.name, context=context, attributes=self._attributes)
+        rt.charge(span.get_span_context().trace_id)
+        self._span = span
+        self._token = context_api.attach(trace_api.set_span_in_context(span))
+        self._current_token = _CURRENT.set(self)
+        return self
+
+    def _context_for_child(self, rt: EventsRuntime) -> Context | None:
+        holder = self._segment or self._span
+        if holder is not None and rt.over_budget(holder.get_span_context().trace_id):
+            self._roll(rt)
+        return self._child_context
+
+    def _roll(self, rt: EventsRuntime) -> None:
+        """Continue this span in a new trace, linked to the original and the previous segment."""
+        assert self._span is not None
+        previous = self._segment
+        links = [Link(self._span.get_span_context(), {sc.LINK_TYPE: sc.LINK_CONTINUES})]
+        if previous is not None:
+            links.append(Link(previous.get_span_context(), {sc.LINK_TYPE: sc.LINK_PREVIOUS}))
+        self._segment_index += 1
+        attributes = dict(self._attributes)
+        attributes[sc.TRACE_SEGMENT] = self._segment_index
+        segment = rt.tracer.start_span(self.name, context=Context(), attributes=attributes, links=links)
+        old_trace = (previous or self._span).get_span_context().trace_id
+        rt.forget(old_trace)
+        rt.charge(segment.get_span_context().trace_id)
+        self._segment = segment
+        self._child_context = trace_api.set_span_in_context(segment)
+        if previous is not None:
+            previous.end()
+
+    @contained(default=None)
+    def end(self) -> None:
+        """End the span (status unset unless ``success``/``fail`` said otherwise)."""
+        if self._span is None or self._ended:
+            return
+        self._ended = True
+        if _CURRENT.get() is self:
+            # Restore the context only where it was entered, in order; a Duration
+            # ended elsewhere (another thread, out of order) just ends its span.
+            _CURRENT.reset(self._current_token)  # type: ignore[arg-type]
+            context_api.detach(self._token)  # type: ignore[arg-type]
+        if self._segment is not None:
+            status = getattr(self._span, "status", None)
+            if status is not None and status.status_code is StatusCode.ERROR:
+                self._segment.set_status(status)
+            self._segment.end()
+        span = self._span
+        span.end()
+        if span.parent is None:
+            runtime().forget(span.get_span_context().trace_id)
+
+    # -- outcome ------------------------------------------------------------
+    @contained(default=None)
+    def extra_args(self, **content: Any) -> Duration:
+        """Add content (attributes) before or during the span."""
+        attributes = to_attributes(content)
+        if self._span is None:
+            self._attributes.update(attributes)
+        else:
+            self._span.set_attributes(attributes)
+        return self
+
+    @contained(default=None)
+    def success(self, **content: Any) -> None:
+        """End with status OK and the given content."""
+        if self._span is None:
+            self.begin()
+        if content:
+            self.extra_args(**content)
+        if self._span is not None:
+            self._span.set_status(Status(StatusCode.OK))
+        self.end()
+
+    @contained(default=None)
+    def fail(self, error: BaseException | str | None = None, **content: Any) -> None:
+        """End with status ERROR; an exception is recorded with its stack."""
+        if self._span is None:
+            self.begin()
+        if content:
+            self.extra_args(**content)
+        if self._span is not None:
+            _record_error(self._span, error)
+        self.end()
+
+    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+        """A child Duration ``<span name>.<stage>``, for the phases of a long event."""
+        return type(self)(self._process, f"{self.name}.{name}", content, event_name=name)
+
+    # -- context manager and decorator -------------------------------------
+    def __enter__(self) -> Duration:
+        self.begin()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and self._span is not None:
+            contained()(_record_error)(self._span, exc)
+        self.end()
+        return False
+
+    async def __aenter__(self) -> Duration:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    def _fresh(self) -> Duration:
+        clone = type(self).__new__(type(self))
+        Duration.__init__(clone, self._process, self.name, event_name=self.event_name, attributes=self._attributes)
+        return clone
+
+    def __call__(self, function: F) -> F:
+        """Use as a decorator: each call runs in a fresh Duration like this one."""
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with self._fresh():
+                    return await function(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self._fresh():
+                return function(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "open" if self._span is not None else "new"
+        return f"<Duration {self.name} {state}>"
+
+
+def _record_error(span: Span, error: BaseException | str | None) -> None:
+    if isinstance(error, BaseException):
+        span.record_exception(error, escaped=True)
+        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
+    else:
+        message = "" if error is None else str(error)[:512]
+        span.set_attribute(sc.ERROR_TYPE, "error")
+        span.set_status(Status(StatusCode.ERROR, message or None))

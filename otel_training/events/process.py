@@ -1,0 +1,66 @@
+"""``Process``: DLRover's event emitter, with OpenTelemetry underneath.
+
+An instant becomes a span event on the current span (or, when nothing is
+current, on a process-lifetime ``training.process`` span); a duration becomes a
+span. Every span and event carries ``training.event.target`` and
+``training.event.name``, so a DLRover-style log or dashboard can be rebuilt
+from the traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from otel_training import semconv as sc
+from otel_training._contain import contained
+from otel_training.events.attributes import to_attributes
+from otel_training.events.duration import Duration
+from otel_training.events.runtime import current_recording_span, runtime
+
+D = TypeVar("D", bound=Duration)
+
+
+class Process:
+    """Emits the events of one target (``TrainerProcess``, an agent, your component)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    @contained(default=None)
+    def _event(self, event_name: str, name: str, attributes: dict[str, Any]) -> None:
+        attributes[sc.EVENT_TARGET] = self.target
+        attributes[sc.EVENT_NAME] = name
+        span = current_recording_span() or runtime().process_span(self.target)
+        span.add_event(event_name, attributes)
+
+    def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:
+        """A point-in-time event named ``name``."""
+        self._event(name, name, to_attributes(content))
+
+    def duration(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+        """A Duration whose span is named ``name``; begin it with ``with`` or ``begin()``."""
+        return Duration(self, name, content)
+
+    def custom_duration(self, duration_class: type[D], name: str, content: Mapping[str, Any] | None = None) -> D:
+        """A Duration of your subclass (to add methods for the stages of your event)."""
+        return duration_class(self, name, content)
+
+    def info(self, msg: str, **content: Any) -> None:
+        """A log-like event with a message, on the current span."""
+        attributes = to_attributes(content)
+        attributes[sc.LOG_MESSAGE] = str(msg)
+        self._event(sc.EVENT_LOG_INFO, "#info", attributes)
+
+    def error(self, msg: str, **content: Any) -> None:
+        """An error event with a message; does not change the span's status."""
+        attributes = to_attributes(content)
+        attributes[sc.LOG_MESSAGE] = str(msg)
+        self._event(sc.EVENT_LOG_ERROR, "#error", attributes)
+
+    def _span(self, span_name: str, event_name: str, attributes: dict[str, Any] | None,
+              content: Mapping[str, Any] | None) -> Duration:
+        return Duration(self, span_name, content, event_name=event_name, attributes=attributes)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.target!r})"

@@ -1,0 +1,128 @@
+"""Per-pipeline state of the events API: the tracer, trace budgets, process spans.
+
+Kept apart from ``Duration`` so the hot path reads one module global and the
+rest (bounding trace size, the process-lifetime span) stays in one place. A
+new ``configure(reconfigure=True)`` gets a fresh runtime.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span
+
+from otel_training import semconv as sc
+from otel_training.config import telemetry as _telemetry
+
+#: Events per process-lifetime span before it continues in a new one (the SDK
+#: keeps 128 events per span and silently drops the rest).
+PROCESS_SPAN_MAX_EVENTS = 120
+_MAX_TRACKED_TRACES = 4096
+
+
+class _ProcessSpan:
+    """A span for the life of one ``Process`` target, holding instants that have no other home."""
+
+    def __init__(self, runtime: EventsRuntime, target: str) -> None:
+        self._runtime = runtime
+        self._target = target
+        self._lock = threading.Lock()
+        self._span: Span | None = None
+        self._events = 0
+
+    def get(self) -> Span:
+        with self._lock:
+            if self._span is None or self._events >= PROCESS_SPAN_MAX_EVENTS:
+                previous = self._span
+                links = [Link(previous.get_span_context(), {sc.LINK_TYPE: sc.LINK_PREVIOUS})] if previous else None
+                self._span = self._runtime.tracer.start_span(
+                    sc.SPAN_PROCESS,
+                    context=Context(),
+                    attributes={sc.EVENT_TARGET: self._target, sc.EVENT_NAME: "#process"},
+                    links=links,
+                )
+                self._events = 0
+                if previous is not None:
+                    previous.end()
+            self._events += 1
+            return self._span
+
+    def end(self) -> None:
+        with self._lock:
+            if self._span is not None:
+                self._span.end()
+                self._span = None
+
+
+class EventsRuntime:
+    def __init__(self, telemetry: _telemetry.Telemetry) -> None:
+        self.telemetry = telemetry
+        self.tracer = telemetry.tracer
+        self.max_spans: int = telemetry.options["trace_max_spans"]
+        self.max_age_s: float = telemetry.options["trace_max_age_s"]
+        # trace_id -> [spans begun in it through this API, monotonic start]
+        self._traces: dict[int, list[Any]] = {}
+        self._process_spans: dict[str, _ProcessSpan] = {}
+        self._lock = threading.Lock()
+        telemetry.on_shutdown(self.close)
+
+    def charge(self, trace_id: int) -> None:
+        """Count one more span in ``trace_id``."""
+        entry = self._traces.get(trace_id)
+        if entry is None:
+            if len(self._traces) >= _MAX_TRACKED_TRACES:
+                self._traces.clear()
+            self._traces[trace_id] = [1, time.monotonic()]
+        else:
+            entry[0] += 1
+
+    def over_budget(self, trace_id: int) -> bool:
+        entry = self._traces.get(trace_id)
+        if entry is None:
+            return False
+        return entry[0] >= self.max_spans or time.monotonic() - entry[1] >= self.max_age_s
+
+    def forget(self, trace_id: int) -> None:
+        self._traces.pop(trace_id, None)
+
+    def process_span(self, target: str) -> Span:
+        holder = self._process_spans.get(target)
+        if holder is None:
+            with self._lock:
+                holder = self._process_spans.setdefault(target, _ProcessSpan(self, target))
+        return holder.get()
+
+    def close(self) -> None:
+        for holder in list(self._process_spans.values()):
+            holder.end()
+
+
+_runtime: EventsRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> EventsRuntime:
+    """The runtime of the current pipeline, configuring one with defaults if needed.
+
+    Events used before ``configure()`` get the embedded default (settings from
+    the environment and config file), as DLRover's emitter works out of the box.
+    """
+    global _runtime
+    telemetry = _telemetry.get_telemetry()
+    current = _runtime
+    if current is not None and current.telemetry is telemetry:
+        return current
+    with _runtime_lock:
+        telemetry = _telemetry.get_telemetry() or _telemetry.configure()
+        if _runtime is None or _runtime.telemetry is not telemetry:
+            _runtime = EventsRuntime(telemetry)
+        return _runtime
+
+
+def current_recording_span() -> Span | None:
+    span = trace_api.get_current_span()
+    return span if span.is_recording() else None

@@ -1,0 +1,163 @@
+"""OTLP JSON Lines files: the embedded default sink.
+
+The format is the OpenTelemetry file-exporter format that the collector's
+``otlpjsonfile`` receiver reads: one ``ExportTraceServiceRequest`` (or
+``ExportMetricsServiceRequest``) JSON object per line, lowerCamelCase keys,
+integer enums, trace and span ids in hex. The SDK has no JSON exporter, so the
+request is built by the OTLP protobuf encoder and converted with protobuf's
+JSON mapping, whose base64 ids are re-encoded as hex.
+
+Each batch is one ``write()`` of one whole line to a file opened with
+``O_APPEND``, so a restarted rank appending to the same file cannot interleave
+with, or corrupt, the lines of its previous life; a line left cut short by a
+crash is closed with a newline before anything is appended after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_training._contain import log_once
+
+_ID_KEYS = frozenset(("traceId", "spanId", "parentSpanId"))
+
+
+def trace_file(output_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where the file exporter writes the spans of ``rank``."""
+    return Path(output_dir) / f"traces-r{rank}.jsonl"
+
+
+def metrics_file(output_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where the file exporter writes the metrics of ``rank``."""
+    return Path(output_dir) / f"metrics-r{rank}.jsonl"
+
+
+def _hex_ids(node: Any) -> None:
+    """Re-encode protobuf-JSON base64 ids as the hex that OTLP/JSON requires."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+
+
+def to_otlp_json(message: Any) -> str:
+    """One OTLP request message as one line of OTLP JSON (no newline)."""
+    data = MessageToDict(message, use_integers_for_enums=True)
+    _hex_ids(data)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+class JsonLinesFile:
+    """An append-only file of whole lines, safe across restarts of the writer."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        if size:
+            with open(self.path, "rb") as existing:
+                existing.seek(size - 1)
+                if existing.read(1) != b"\n":
+                    os.write(fd, b"\n")  # isolate a line a crash left unfinished
+        return fd
+
+    def append(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._open()
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class OtlpJsonFileSpanExporter(SpanExporter):
+    """Writes each batch of spans as one OTLP JSON line."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._file = JsonLinesFile(path)
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            self._file.append(to_otlp_json(encode_spans(spans)))
+        except Exception:  # noqa: BLE001
+            log_once(f"file-export:{self._file.path}", "otel_training: cannot write spans to %s", self._file.path)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class OtlpJsonFileMetricExporter(MetricExporter):
+    """Writes each metrics collection as one OTLP JSON line."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self._file = JsonLinesFile(path)
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        try:
+            if metrics_data.resource_metrics:
+                self._file.append(to_otlp_json(encode_metrics(metrics_data)))
+        except Exception:  # noqa: BLE001
+            log_once(f"file-export:{self._file.path}", "otel_training: cannot write metrics to %s", self._file.path)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._file.close()
+
+
+__all__ = [
+    "JsonLinesFile",
+    "OtlpJsonFileMetricExporter",
+    "OtlpJsonFileSpanExporter",
+    "metrics_file",
+    "to_otlp_json",
+    "trace_file",
+]

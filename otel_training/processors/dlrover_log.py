@@ -1,0 +1,151 @@
+"""The DLRover event-log format, written live by a span processor.
+
+DLRover's master tails the event logs of its workers, so the BEGIN line is
+written when a span starts and the END line when it ends; instant events are
+written when the span holding them ends, with their own timestamps. Lines:
+
+    [event_time] [event_id] [target] [name] [BEGIN|END|INSTANT] {json content}
+
+or, with ``json_lines=True``, one JSON object per line with those fields.
+
+Formatting and writing happen on a background thread behind a bounded queue:
+the training thread only enqueues, never blocks, and lines past the bound are
+dropped and counted (``dropped``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from otel_training import semconv as sc
+from otel_training._contain import log_once
+
+_SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
+_STOP = object()
+
+
+def _time(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(timespec="milliseconds")
+
+
+def _content(attributes: Any) -> dict[str, Any]:
+    content = {}
+    for key, value in (attributes or {}).items():
+        if key not in _SKIP:
+            content[key] = list(value) if isinstance(value, tuple) else value
+    return content
+
+
+class DLRoverLogProcessor(SpanProcessor):
+    def __init__(self, path: str | os.PathLike[str], *, json_lines: bool = False, max_queue_size: int = 8192) -> None:
+        self.path = Path(path)
+        self.json_lines = json_lines
+        self.dropped = 0
+        self.written = 0
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
+        self._pid = os.getpid()
+        self._start_thread()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-training-dlrover-log", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        # A forked child (a DataLoader worker) gets a fresh queue and writer.
+        self._queue = queue.Queue(self._queue.maxsize)
+        self._pid = os.getpid()
+        self._start_thread()
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+
+    # -- training thread ----------------------------------------------------
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self._put(("BEGIN", span.start_time, span.context.span_id, span.name, dict(span.attributes or {})))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._put(span)
+
+    # -- writer thread ------------------------------------------------------
+    def _lines(self, item: Any) -> list[str]:
+        if isinstance(item, tuple):
+            kind, time_ns, span_id, name, attributes = item
+            return [self._line(time_ns, span_id, attributes, name, kind, _content(attributes))]
+        span: ReadableSpan = item
+        attributes = span.attributes or {}
+        lines = []
+        for event in span.events:
+            event_attributes = event.attributes or {}
+            lines.append(self._line(event.timestamp, span.context.span_id, {**attributes, **event_attributes},
+                                    event.name, "INSTANT", _content(event_attributes)))
+        content = _content(attributes)
+        content["status"] = "ERROR" if span.status.status_code is StatusCode.ERROR else "OK"
+        content["duration_s"] = round(((span.end_time or 0) - (span.start_time or 0)) / 1e9, 6)
+        lines.append(self._line(span.end_time or 0, span.context.span_id, attributes, span.name, "END", content))
+        return lines
+
+    def _line(self, time_ns: int, span_id: int, attributes: Any, span_name: str, kind: str,
+              content: dict[str, Any]) -> str:
+        target = attributes.get(sc.EVENT_TARGET, "")
+        name = attributes.get(sc.EVENT_NAME, span_name) if kind != "INSTANT" else attributes.get(sc.EVENT_NAME, span_name)
+        event_id = f"{span_id:016x}"
+        if self.json_lines:
+            return json.dumps({"event_time": _time(time_ns), "event_id": event_id, "target": target, "name": name,
+                               "event_type": kind, "content": content}, default=str)
+        return f"[{_time(time_ns)}] [{event_id}] [{target}] [{name}] [{kind}] {json.dumps(content, default=str)}"
+
+    def _run(self) -> None:
+        handle = None
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    if handle is not None:
+                        handle.flush()
+                    item.set()
+                    continue
+                if handle is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    handle = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+                for line in self._lines(item):
+                    handle.write(line + "\n")
+                    self.written += 1
+                if self._queue.empty():
+                    handle.flush()
+            except Exception:  # noqa: BLE001
+                log_once(f"dlrover-log:{self.path}", "otel_training: cannot write the DLRover log %s", self.path)
+            finally:
+                if item is _STOP and handle is not None:
+                    handle.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout_millis / 1000)
+        except queue.Full:
+            return False
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        self.force_flush(1000)
+        try:
+            self._queue.put(_STOP, timeout=1.0)
+        except queue.Full:
+            pass
+        self._thread.join(1.0)

@@ -1,0 +1,167 @@
+"""Semantic conventions of otel-training: every span name and attribute key.
+
+These names are a contract. Collector configurations (``collector-config/``),
+Prometheus rules, the report and the tests match on them, so they are defined
+here once and nowhere else; ``docs/semantic-conventions.md`` documents each one
+and a test keeps the two in step.
+
+Naming follows the OpenTelemetry rules: domain first, lowercase, segments
+separated by dots, ``snake_case`` within a segment. Existing OpenTelemetry keys
+(``k8s.pod.name``, ``error.type``, ``exception.*``) are reused rather than
+re-invented.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: Version of these conventions; bumped on any rename. Set on the tracer.
+SCHEMA_VERSION: Final = "0.1.0"
+SCHEMA_URL: Final = f"https://github.com/otel-training/otel-training/tree/main/docs/schemas/{SCHEMA_VERSION}"
+#: Instrumentation scope of every tracer and meter the library creates.
+INSTRUMENTATION_SCOPE: Final = "otel_training"
+
+# --------------------------------------------------------------------------
+# Resource attributes: who emitted the telemetry.
+# --------------------------------------------------------------------------
+TRAINING_JOB_ID: Final = "training.job.id"
+TRAINING_RUN_ID: Final = "training.run.id"
+TRAINING_RANK: Final = "training.rank"
+TRAINING_LOCAL_RANK: Final = "training.local_rank"
+TRAINING_WORLD_SIZE: Final = "training.world_size"
+TRAINING_NODE_RANK: Final = "training.node.rank"
+TRAINING_RESTART_COUNT: Final = "training.restart.count"
+TRAINING_ROLE: Final = "training.role"
+
+ROLE_TRAINER: Final = "trainer"
+ROLE_AGENT: Final = "agent"
+ROLE_MASTER: Final = "master"
+
+# Continual-training lineage (Modyn-style pipelines retrained on triggers).
+# Set once per process and stamped on every span, not on the resource, because
+# a long-lived process may move on to the next trigger.
+TRAINING_PIPELINE_ID: Final = "training.pipeline.id"
+TRAINING_TRIGGER_ID: Final = "training.trigger.id"
+TRAINING_TRIGGER_TRAINING_ID: Final = "training.trigger.training_id"
+
+# Existing OpenTelemetry resource keys we fill in.
+SERVICE_NAME: Final = "service.name"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+HOST_NAME: Final = "host.name"
+PROCESS_PID: Final = "process.pid"
+K8S_POD_NAME: Final = "k8s.pod.name"
+
+# --------------------------------------------------------------------------
+# Trainer span names.
+# --------------------------------------------------------------------------
+SPAN_PROCESS: Final = "training.process"
+SPAN_TRAIN: Final = "training.train"
+SPAN_EPOCH: Final = "training.epoch"
+SPAN_STEP: Final = "training.step"
+SPAN_SUBSTEP: Final = "training.substep"
+SPAN_INIT: Final = "training.init"
+SPAN_LOAD_DATASET: Final = "training.load_dataset"
+SPAN_DATA_WAIT: Final = "training.data_wait"
+SPAN_LOAD_CHECKPOINT: Final = "training.load_checkpoint"
+SPAN_SAVE_CHECKPOINT: Final = "training.save_checkpoint"
+SPAN_PERSIST_CHECKPOINT: Final = "training.persist_checkpoint"
+SPAN_EVALUATE: Final = "training.evaluate"
+SPAN_PREDICT: Final = "training.predict"
+SPAN_PREDICT_STEP: Final = "training.predict_step"
+
+# Trainer attributes.
+STEP: Final = "training.step"
+EPOCH: Final = "training.epoch"
+SUBSTEP: Final = "training.substep"
+BATCH_SIZE: Final = "training.batch.size"
+SAMPLES: Final = "training.samples"
+TOKENS: Final = "training.tokens"
+LOSS: Final = "training.loss"
+LEARNING_RATE: Final = "training.learning_rate"
+CHECKPOINT_PATH: Final = "training.checkpoint.path"
+CHECKPOINT_STEP: Final = "training.checkpoint.step"
+CHECKPOINT_BYTES: Final = "training.checkpoint.bytes"
+
+# DLRover compatibility: every event span says which process emitted it and
+# under which DLRover event name.
+EVENT_TARGET: Final = "training.event.target"
+EVENT_NAME: Final = "training.event.name"
+TARGET_TRAINER: Final = "TrainerProcess"
+TARGET_AGENT: Final = "DLRoverAgentEvent"
+TARGET_MASTER: Final = "DLRoverMasterEvent"
+#: Span event name of ``Process.instant``; the DLRover name is in EVENT_NAME.
+EVENT_INSTANT: Final = "training.instant"
+EVENT_LOG_INFO: Final = "training.log.info"
+EVENT_LOG_ERROR: Final = "training.log.error"
+LOG_MESSAGE: Final = "training.log.message"
+
+# Trace-size bounding: see docs/trace-layout.md.
+TRACE_SEGMENT: Final = "training.trace.segment"
+LINK_TYPE: Final = "training.link.type"
+LINK_CONTINUES: Final = "continues"
+LINK_PREVIOUS: Final = "previous"
+
+# --------------------------------------------------------------------------
+# Elastic agent and master events.
+# --------------------------------------------------------------------------
+SPAN_AGENT_START: Final = "elastic.start"
+SPAN_NODE_JOIN: Final = "elastic.node_join"
+SPAN_RENDEZVOUS: Final = "elastic.rendezvous"
+SPAN_NETWORK_CHECK: Final = "elastic.network_check"
+SPAN_ELASTIC_TRAIN: Final = "elastic.train"
+SPAN_PROCESS_RESTART: Final = "elastic.process_restart"
+SPAN_AGENT_EXIT: Final = "elastic.exit"
+SPAN_POD_CREATE: Final = "elastic.pod_create"
+SPAN_POD_CHANGE: Final = "elastic.pod_change"
+SPAN_POD_RELAUNCH: Final = "elastic.pod_relaunch"
+SPAN_FAULT_DETECT: Final = "elastic.fault_detect"
+SPAN_REPAIR: Final = "elastic.repair"
+
+ELASTIC_RENDEZVOUS_ROUND: Final = "elastic.rendezvous.round"
+ELASTIC_NODE_ID: Final = "elastic.node.id"
+ELASTIC_NODE_RANK: Final = "elastic.node.rank"
+ELASTIC_NODE_COUNT: Final = "elastic.node.count"
+ELASTIC_RESTART_REASON: Final = "elastic.restart.reason"
+ELASTIC_FAULT_REASON: Final = "elastic.fault.reason"
+ELASTIC_EXIT_CODE: Final = "elastic.exit_code"
+ELASTIC_NETWORK_CHECK_RESULT: Final = "elastic.network_check.result"
+
+# Existing OpenTelemetry keys for errors.
+ERROR_TYPE: Final = "error.type"
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
+EVENT_EXCEPTION: Final = "exception"
+
+# Process termination (signal hook).
+EVENT_SIGNAL: Final = "training.signal"
+SIGNAL_NAME: Final = "training.signal.name"
+SIGNAL_NUMBER: Final = "training.signal.number"
+
+# --------------------------------------------------------------------------
+# Alerts (stuck-step detection).
+# --------------------------------------------------------------------------
+SPAN_ALERT: Final = "training.alert"
+EVENT_ALERT: Final = "training.alert"
+ALERT_KIND: Final = "training.alert.kind"
+ALERT_KIND_STUCK: Final = "stuck"
+ALERT_KIND_RECOVERED: Final = "recovered"
+ALERT_KIND_DIED: Final = "died"
+ALERT_ELAPSED_S: Final = "training.alert.elapsed_s"
+ALERT_THRESHOLD_S: Final = "training.alert.threshold_s"
+ALERT_THRESHOLD_SOURCE: Final = "training.alert.threshold_source"
+ALERT_SPAN_NAME: Final = "training.alert.span.name"
+ALERT_SPAN_ID: Final = "training.alert.span.id"
+ALERT_COUNT: Final = "training.alert.count"
+ALERT_STACKS: Final = "training.alert.stacks"
+ALERT_SOURCE: Final = "training.alert.source"
+
+# --------------------------------------------------------------------------
+# Metrics.
+# --------------------------------------------------------------------------
+METRIC_ALERTS: Final = "training.alerts"
+METRIC_SPANS_DROPPED: Final = "training.telemetry.spans.dropped"
+METRIC_STEP_DURATION: Final = "training.step.duration"
+METRIC_GOODPUT: Final = "training.goodput"
+METRIC_BADPUT: Final = "training.badput"
+BADPUT_BUCKET: Final = "training.badput.bucket"
