@@ -89,8 +89,6 @@ EVENT_NAME: Final = "training.event.name"
 TARGET_TRAINER: Final = "TrainerProcess"
 TARGET_AGENT: Final = "DLRoverAgentEvent"
 TARGET_MASTER: Final = "DLRoverMasterEvent"
-#: Span event name of ``Process.instant``; the DLRover name is in EVENT_NAME.
-EVENT_INSTANT: Final = "training.instant"
 EVENT_LOG_INFO: Final = "training.log.info"
 EVENT_LOG_ERROR: Final = "training.log.error"
 LOG_MESSAGE: Final = "training.log.message"
@@ -155,6 +153,21 @@ ALERT_SPAN_ID: Final = "training.alert.span.id"
 ALERT_COUNT: Final = "training.alert.count"
 ALERT_STACKS: Final = "training.alert.stacks"
 ALERT_SOURCE: Final = "training.alert.source"
+# Stuck-step detection details (issue 3, docs/stuck-detection.md).
+#: How the threshold was computed, in words (the rule and its inputs).
+ALERT_THRESHOLD_RULE: Final = "training.alert.threshold_rule"
+#: What the detector did besides reporting: "exit" or "signal".
+ALERT_ACTION: Final = "training.alert.action"
+#: Why ALERT_STACKS is missing or partial (e.g. py-spy not installed, no ptrace permission).
+ALERT_STACKS_ERROR: Final = "training.alert.stacks.error"
+#: Who captured ALERT_STACKS: "python" (in-process) or "py-spy" (the watchdog).
+ALERT_STACKS_SOURCE: Final = "training.alert.stacks.source"
+#: PID of the process the alert is about (the watchdog reports another process).
+ALERT_PID: Final = "training.alert.pid"
+ALERT_SOURCE_PROCESSOR: Final = "processor"
+ALERT_SOURCE_WATCHDOG: Final = "watchdog"
+#: LINK_TYPE of an alert's link to the span it is about.
+LINK_ALERTED: Final = "alerted"
 
 # --------------------------------------------------------------------------
 # Metrics.
@@ -165,3 +178,25 @@ METRIC_STEP_DURATION: Final = "training.step.duration"
 METRIC_GOODPUT: Final = "training.goodput"
 METRIC_BADPUT: Final = "training.badput"
 BADPUT_BUCKET: Final = "training.badput.bucket"
+
+# --------------------------------------------------------------------------
+# Goodput, badput and step time (issue 6, see docs/goodput.md).
+# Badput buckets follow ml-goodput-measurement's taxonomy where it applies.
+# --------------------------------------------------------------------------
+BADPUT_INITIALIZATION: Final = "initialization"
+BADPUT_TRAINING_PREP: Final = "training_prep"
+BADPUT_PROGRAM_STARTUP: Final = "program_startup"
+BADPUT_DATA_LOADING: Final = "data_loading"
+BADPUT_CHECKPOINT_SAVE: Final = "checkpoint_save"
+BADPUT_CHECKPOINT_RESTORE: Final = "checkpoint_restore"
+BADPUT_EVALUATION: Final = "evaluation"
+BADPUT_STUCK: Final = "stuck"
+BADPUT_WASTED_PROGRESS: Final = "wasted_progress"
+BADPUT_RECOVERY: Final = "recovery"
+BADPUT_DOWNTIME: Final = "downtime"
+BADPUT_OTHER: Final = "other"
+METRIC_GOODPUT_TIME: Final = "training.goodput.time"
+METRIC_STEP_IDEAL_DURATION: Final = "training.step.ideal_duration"
+METRIC_STEP_DEVIATION: Final = "training.step.deviation"
+METRIC_STEP_TOKENS_RATE: Final = "training.step.tokens_per_second"
+METRIC_STEP_SAMPLES_RATE: Final = "training.step.samples_per_second"

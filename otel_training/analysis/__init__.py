@@ -1,0 +1,32 @@
+"""Pure computations over spans, shared by the live goodput processor and the offline report.
+
+No I/O and no OpenTelemetry SDK here: records in, numbers out, so the figure a
+running job exports and the figure its report prints come from one
+implementation.
+"""
+
+from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, Timeline, span_label
+from otel_training.analysis.goodput import GoodputAccount, RunAccountant, RunSummary, account
+from otel_training.analysis.records import RunKey, SpanRecord
+from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats
+from otel_training.analysis.stragglers import StragglerScore, straggler_scores
+
+__all__ = [
+    "BUCKETS",
+    "MIN_STEPS",
+    "PRODUCTIVE",
+    "GoodputAccount",
+    "RunAccountant",
+    "RunKey",
+    "RunSummary",
+    "SpanRecord",
+    "StepStats",
+    "StragglerScore",
+    "Timeline",
+    "account",
+    "ideal_step_time",
+    "normal_threshold",
+    "span_label",
+    "step_stats",
+    "straggler_scores",
+]

@@ -1,0 +1,137 @@
+"""Where the time of one run went: each instant gets exactly one badput bucket, or counts as productive.
+
+Spans overlap (a data wait inside a step, a stuck stretch inside a step), so
+a span does not simply add its duration to a bucket: a sweep over the span
+boundaries gives each stretch of time to the covering label of highest
+priority, and time no span covers is start-up (before the first step) or
+"other" (after it). Every nanosecond of the run is counted once, so goodput
+and the badput buckets add up to the run's duration.
+
+``Timeline`` folds incrementally: the live processor folds what has settled at
+each metric collection, the report folds a whole run at once, with the same
+code and the same result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from otel_training import semconv as sc
+
+#: The label of productive (goodput) time.
+PRODUCTIVE = "productive"
+
+#: Badput buckets, in the order reports list them.
+BUCKETS: tuple[str, ...] = (
+    sc.BADPUT_PROGRAM_STARTUP,
+    sc.BADPUT_INITIALIZATION,
+    sc.BADPUT_TRAINING_PREP,
+    sc.BADPUT_DATA_LOADING,
+    sc.BADPUT_CHECKPOINT_SAVE,
+    sc.BADPUT_CHECKPOINT_RESTORE,
+    sc.BADPUT_EVALUATION,
+    sc.BADPUT_STUCK,
+    sc.BADPUT_WASTED_PROGRESS,
+    sc.BADPUT_RECOVERY,
+    sc.BADPUT_DOWNTIME,
+    sc.BADPUT_OTHER,
+)
+
+# Where spans overlap, the higher priority wins: a stuck stretch inside a step
+# is stuck time, a data wait inside a step is data loading.
+_PRIORITY: dict[str, int] = {
+    PRODUCTIVE: 1,
+    sc.BADPUT_TRAINING_PREP: 2,
+    sc.BADPUT_INITIALIZATION: 3,
+    sc.BADPUT_EVALUATION: 4,
+    sc.BADPUT_DATA_LOADING: 5,
+    sc.BADPUT_CHECKPOINT_SAVE: 6,
+    sc.BADPUT_CHECKPOINT_RESTORE: 7,
+    sc.BADPUT_STUCK: 8,
+}
+_BY_PRIORITY: list[str] = [""] * (max(_PRIORITY.values()) + 1)
+for _label, _priority in _PRIORITY.items():
+    _BY_PRIORITY[_priority] = _label
+
+_SPAN_LABELS: dict[str, str] = {
+    sc.SPAN_STEP: PRODUCTIVE,
+    sc.SPAN_INIT: sc.BADPUT_INITIALIZATION,
+    sc.SPAN_LOAD_DATASET: sc.BADPUT_TRAINING_PREP,
+    sc.SPAN_DATA_WAIT: sc.BADPUT_DATA_LOADING,
+    sc.SPAN_SAVE_CHECKPOINT: sc.BADPUT_CHECKPOINT_SAVE,
+    sc.SPAN_LOAD_CHECKPOINT: sc.BADPUT_CHECKPOINT_RESTORE,
+    sc.SPAN_EVALUATE: sc.BADPUT_EVALUATION,
+    sc.SPAN_PREDICT: sc.BADPUT_EVALUATION,
+}
+
+
+def span_label(name: str, evaluation_is_productive: bool = False) -> str | None:
+    """The label a span's time gets, or None when the span does not classify time (epoch, train, ...).
+
+    ``training.persist_checkpoint`` is absent on purpose: persisting runs in the
+    background (only the blocking save is badput, as in ml-goodput-measurement).
+    """
+    label = _SPAN_LABELS.get(name)
+    if label == sc.BADPUT_EVALUATION and evaluation_is_productive:
+        return PRODUCTIVE
+    return label
+
+
+class Timeline:
+    """Nanoseconds of one run by label, folded up to a point in time."""
+
+    def __init__(self, start_ns: int, *, after_failure: bool = False) -> None:
+        self.folded_until = start_ns
+        self.first_step_ns: int | None = None
+        self.totals: defaultdict[str, int] = defaultdict(int)
+        self._before_first_step = sc.BADPUT_RECOVERY if after_failure else sc.BADPUT_PROGRAM_STARTUP
+        self._pending: list[tuple[int, int, int]] = []
+
+    def add(self, label: str, start_ns: int, end_ns: int, *, is_step: bool = False) -> None:
+        """Count [start_ns, end_ns) as ``label`` where nothing of higher priority covers it."""
+        if is_step and (self.first_step_ns is None or start_ns < self.first_step_ns):
+            self.first_step_ns = start_ns
+        start_ns = max(start_ns, self.folded_until)  # time already folded is settled
+        if end_ns > start_ns:
+            self._pending.append((start_ns, end_ns, _PRIORITY[label]))
+
+    def fold(self, until_ns: int) -> None:
+        """Settle the time up to ``until_ns``: intervals ending later keep their remainder."""
+        if until_ns <= self.folded_until:
+            return
+        boundaries: list[tuple[int, int, int]] = []
+        keep: list[tuple[int, int, int]] = []
+        for start, end, priority in self._pending:
+            if start >= until_ns:
+                keep.append((start, end, priority))
+                continue
+            if end > until_ns:
+                keep.append((until_ns, end, priority))
+                end = until_ns
+            boundaries.append((start, 1, priority))
+            boundaries.append((end, -1, priority))
+        self._pending = keep
+        boundaries.sort()
+        counts = [0] * len(_BY_PRIORITY)
+        totals = self.totals
+        cursor = self.folded_until
+        top = 0
+        for time_ns, delta, priority in boundaries:
+            if time_ns > cursor:
+                totals[self._label(top, cursor)] += time_ns - cursor
+                cursor = time_ns
+            counts[priority] += delta
+            if delta > 0:
+                top = max(top, priority)
+            elif priority == top and counts[priority] == 0:
+                top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
+        if until_ns > cursor:
+            totals[self._label(0, cursor)] += until_ns - cursor
+        self.folded_until = until_ns
+
+    def _label(self, top: int, at_ns: int) -> str:
+        if top:
+            return _BY_PRIORITY[top]
+        if self.first_step_ns is None or at_ns < self.first_step_ns:
+            return self._before_first_step
+        return sc.BADPUT_OTHER
