@@ -82,6 +82,44 @@ CHECKPOINT_PATH: Final = "training.checkpoint.path"
 CHECKPOINT_STEP: Final = "training.checkpoint.step"
 CHECKPOINT_BYTES: Final = "training.checkpoint.bytes"
 
+# --------------------------------------------------------------------------
+# Auto-instrumentation (issue 4): TorchInstrumentor, framework callbacks,
+# the AReaL-style perf tracer. See docs/auto-instrumentation.md.
+# --------------------------------------------------------------------------
+#: Which integration emitted a span: "torch", "lightning", "transformers", "keras".
+INSTRUMENTATION_SOURCE: Final = "training.instrumentation.source"
+#: Backward passes (gradient-accumulation micro-batches) in one step.
+STEP_SUBSTEPS: Final = "training.step.substeps"
+#: Optimizer steps taken in one step (several optimizers step in one iteration).
+STEP_OPTIMIZER_STEPS: Final = "training.step.optimizer_steps"
+#: True when no optimizer stepped (AMP's GradScaler skipped it on inf/NaN gradients).
+STEP_SKIPPED: Final = "training.step.skipped"
+CHECKPOINT_FORMAT: Final = "training.checkpoint.format"
+
+SPAN_DISTRIBUTED_INIT: Final = "training.distributed.init"
+SPAN_DISTRIBUTED_BARRIER: Final = "training.distributed.barrier"
+SPAN_DISTRIBUTED_DESTROY: Final = "training.distributed.destroy"
+DISTRIBUTED_BACKEND: Final = "training.distributed.backend"
+DISTRIBUTED_RANK: Final = "training.distributed.rank"
+DISTRIBUTED_WORLD_SIZE: Final = "training.distributed.world_size"
+
+# AReaL-style perf tracer: scopes, and the rollout task -> session -> phase tree.
+PERF_CATEGORY: Final = "perf.category"
+SPAN_ROLLOUT_TASK: Final = "rollout.task"
+SPAN_ROLLOUT_SESSION: Final = "rollout.session"
+SPAN_ROLLOUT_PHASE: Final = "rollout.phase"
+ROLLOUT_TASK_ID: Final = "rollout.task.id"
+ROLLOUT_SESSION_ID: Final = "rollout.session.id"
+ROLLOUT_PHASE_NAME: Final = "rollout.phase.name"
+#: accepted / rejected / failed / dropped.
+ROLLOUT_SESSION_STATUS: Final = "rollout.session.status"
+ROLLOUT_SESSION_REASON: Final = "rollout.session.reason"
+ROLLOUT_SESSION_TOTAL_S: Final = "rollout.session.total_s"
+#: Prefix of the derived per-phase totals on a session span: ``rollout.session.phase_s.generate``.
+ROLLOUT_SESSION_PHASE_S_PREFIX: Final = "rollout.session.phase_s."
+ROLLOUT_TASK_SESSIONS: Final = "rollout.task.sessions"
+EVENT_ROLLOUT_SESSION: Final = "rollout.session.event"
+
 # DLRover compatibility: every event span says which process emitted it and
 # under which DLRover event name.
 EVENT_TARGET: Final = "training.event.target"
