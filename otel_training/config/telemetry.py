@@ -322,6 +322,18 @@ def _install_plugins(telemetry: Telemetry) -> None:
                 max_queue_size=telemetry.options["dlrover_log_queue_size"],
             )
         )
+    # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
+    if telemetry.options["goodput"] and telemetry.meter_provider is not None:
+        from otel_training.processors.goodput import GoodputSpanProcessor
+
+        telemetry.add_span_processor(
+            GoodputSpanProcessor(
+                telemetry.meter_provider,
+                evaluation_is_productive=telemetry.options["evaluation_is_productive"],
+                ideal_step_time_s=telemetry.options["ideal_step_time_s"],
+                after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]
+            )
+        )
     for plugin in _plugins:
         plugin(telemetry)
 

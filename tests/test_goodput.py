@@ -1,0 +1,147 @@
+"""The live goodput processor, through a real SDK pipeline, against the hand-computed crafted job."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from otel_training import semconv as sc
+from otel_training.processors.goodput import GoodputSpanProcessor
+
+import goodput_traces as crafted
+
+
+class Pipeline:
+    def __init__(self, origin_s: float, now_s: float, **options: Any) -> None:
+        self.now_ns = crafted._s(now_s)
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        origin = crafted._s(origin_s)
+        self.processor = GoodputSpanProcessor(self.meter_provider, clock=lambda: origin, **options)
+        self.processor._clock = lambda: self.now_ns  # origin fixed above; collections see "now"
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(self.processor)
+        self.tracer = self.tracer_provider.get_tracer("test")
+
+    def replay(self, spans: list[dict[str, Any]]) -> None:
+        """Start every span at its start time, then end them in end-time order (as a run would)."""
+        started = {}
+        for span in sorted(spans, key=lambda span: span["start"]):
+            attributes = dict(span["attributes"])
+            if sc.ALERT_SPAN_ID in attributes:
+                attributes[sc.ALERT_SPAN_ID] = format(started[attributes[sc.ALERT_SPAN_ID]].context.span_id, "016x")
+            started[span["span_id"]] = self.tracer.start_span(
+                span["name"], attributes=attributes, start_time=crafted._s(span["start"]))
+        for span in sorted(spans, key=lambda span: span["end"]):
+            sdk_span = started[span["span_id"]]
+            if span["error"]:
+                sdk_span.set_status(Status(StatusCode.ERROR))
+            sdk_span.end(end_time=crafted._s(span["end"]))
+
+    def metrics(self) -> dict[str, list[Any]]:
+        data = self.reader.get_metrics_data()
+        found: dict[str, list[Any]] = {}
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    found[metric.name] = list(metric.data.data_points)
+        return found
+
+
+def _run(rank: int, restart: int) -> list[dict[str, Any]]:
+    return [span for span in crafted.SPANS if span["rank"] == rank and span["restart"] == restart]
+
+
+def _badput(points: list[Any]) -> dict[str, float]:
+    return {point.attributes[sc.BADPUT_BUCKET]: point.value for point in points}
+
+
+def test_live_metrics_of_a_restarted_run_match_the_hand_computation() -> None:
+    pipeline = Pipeline(80, 120, after_restart=True)
+    pipeline.replay(_run(0, 1))
+    metrics = pipeline.metrics()
+
+    assert metrics[sc.METRIC_GOODPUT][0].value == pytest.approx(20 / 40)
+    assert metrics[sc.METRIC_GOODPUT_TIME][0].value == pytest.approx(20)
+    badput = _badput(metrics[sc.METRIC_BADPUT])
+    assert badput[sc.BADPUT_RECOVERY] == pytest.approx(2)
+    assert badput[sc.BADPUT_CHECKPOINT_RESTORE] == pytest.approx(3)
+    assert badput[sc.BADPUT_CHECKPOINT_SAVE] == pytest.approx(1)
+    assert badput[sc.BADPUT_OTHER] == pytest.approx(14)
+    assert badput[sc.BADPUT_PROGRAM_STARTUP] == 0
+
+    (steps,) = metrics[sc.METRIC_STEP_DURATION]
+    assert (steps.count, steps.sum) == (10, pytest.approx(20.0))
+    (samples,) = metrics[sc.METRIC_STEP_SAMPLES_RATE]
+    assert samples.sum / samples.count == pytest.approx(8 / 2.0)
+    (tokens,) = metrics[sc.METRIC_STEP_TOKENS_RATE]
+    assert tokens.sum / tokens.count == pytest.approx(1024 / 2.0)
+    # The ideal exists from the 10th step on; the 10th step took exactly the ideal.
+    assert metrics[sc.METRIC_STEP_IDEAL_DURATION][0].value == pytest.approx(2.0)
+    assert metrics[sc.METRIC_STEP_DEVIATION][0].value == pytest.approx(0.0)
+
+
+def test_live_stuck_time_and_buckets_of_a_failing_run() -> None:
+    pipeline = Pipeline(0, 70)
+    pipeline.replay(_run(0, 0))
+    metrics = pipeline.metrics()
+    badput = _badput(metrics[sc.METRIC_BADPUT])
+    expected = {sc.BADPUT_INITIALIZATION: 5, sc.BADPUT_TRAINING_PREP: 5, sc.BADPUT_PROGRAM_STARTUP: 2,
+                sc.BADPUT_DATA_LOADING: 1, sc.BADPUT_EVALUATION: 4, sc.BADPUT_CHECKPOINT_SAVE: 2,
+                sc.BADPUT_STUCK: 7, sc.BADPUT_OTHER: 6,
+                # Only the report, seeing the restart, knows progress was lost.
+                sc.BADPUT_WASTED_PROGRESS: 0}
+    for bucket, seconds in expected.items():
+        assert badput[bucket] == pytest.approx(seconds), bucket
+    assert metrics[sc.METRIC_GOODPUT_TIME][0].value == pytest.approx(23 + 15)
+
+
+def test_configured_ideal_gives_deviations_from_the_first_step_either_sign() -> None:
+    pipeline = Pipeline(80, 120, ideal_step_time_s=2.5)
+    pipeline.replay(_run(0, 1)[:3])  # process, restore, train: no step yet
+    assert sc.METRIC_STEP_DEVIATION not in pipeline.metrics()
+    pipeline.replay([span for span in _run(0, 1) if span["name"] == sc.SPAN_STEP][:1])
+    assert pipeline.metrics()[sc.METRIC_STEP_DEVIATION][0].value == pytest.approx(-0.5)
+    assert pipeline.metrics()[sc.METRIC_STEP_IDEAL_DURATION][0].value == pytest.approx(2.5)
+
+
+def test_an_open_span_holds_back_classification_until_it_ends() -> None:
+    pipeline = Pipeline(0, 15)
+    step = pipeline.tracer.start_span(sc.SPAN_STEP, start_time=crafted._s(10))
+    pipeline.processor.settle()
+    assert pipeline.processor.elapsed_ns == 10 * 10**9  # not past the open step's start
+    step.end(end_time=crafted._s(12))
+    totals = pipeline.processor.settle()
+    assert totals == {sc.BADPUT_PROGRAM_STARTUP: 10 * 10**9, "productive": 2 * 10**9, sc.BADPUT_OTHER: 3 * 10**9}
+
+
+def test_configure_installs_it_and_the_file_exporter_writes_the_metrics(configure) -> None:
+    import otel_training
+
+    telemetry = configure(exporter="file")
+    trainer = otel_training.TrainerProcess()
+    with trainer.train():
+        for step in range(12):
+            with trainer.step(global_step=step, samples=4, tokens=64):
+                pass
+    telemetry.shutdown(timeout_s=5)
+    assert telemetry.metrics_path is not None
+    names = set()
+    for line in telemetry.metrics_path.read_text().splitlines():
+        for resource_metrics in json.loads(line)["resourceMetrics"]:
+            for scope_metrics in resource_metrics["scopeMetrics"]:
+                names.update(metric["name"] for metric in scope_metrics["metrics"])
+    assert {sc.METRIC_STEP_DURATION, sc.METRIC_GOODPUT, sc.METRIC_BADPUT, sc.METRIC_STEP_DEVIATION,
+            sc.METRIC_STEP_TOKENS_RATE, sc.METRIC_STEP_SAMPLES_RATE, sc.METRIC_STEP_IDEAL_DURATION} <= names
+
+
+def test_goodput_option_off_installs_nothing(configure) -> None:
+    telemetry = configure(exporter="none", goodput=False)
+    processors = telemetry.tracer_provider._active_span_processor._span_processors  # noqa: SLF001
+    assert not any(isinstance(processor, GoodputSpanProcessor) for processor in processors)
