@@ -322,6 +322,15 @@ def _install_plugins(telemetry: Telemetry) -> None:
                 max_queue_size=telemetry.options["dlrover_log_queue_size"],
             )
         )
+    # Stuck-step detection (issue 3): in-process watcher, and the sidecar watchdog when asked.
+    options = telemetry.options
+    if options["stuck_threshold_s"] is not None or options["stuck_adaptive"] or options["watchdog"]:
+        from otel_training.processors.stuck import StuckSpanProcessor
+
+        telemetry.stuck = StuckSpanProcessor.from_options(  # type: ignore[attr-defined]
+            options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
+            flush=telemetry.force_flush, exit_flush_timeout_s=options["exit_timeout_s"])
+        telemetry.add_span_processor(telemetry.stuck)  # type: ignore[attr-defined]
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     if telemetry.options["goodput"] and telemetry.meter_provider is not None:
         from otel_training.processors.goodput import GoodputSpanProcessor
