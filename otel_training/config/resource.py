@@ -14,7 +14,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from urllib.parse import unquote
+
+from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
 
@@ -35,6 +37,18 @@ def _str(environ: Mapping[str, str], *names: str) -> str | None:
         if value:
             return value
     return None
+
+
+def _from_otel_variables(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` as the spec defines them."""
+    attributes: dict[str, Any] = {}
+    for pair in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            attributes[unquote(key.strip())] = unquote(value.strip())
+    if environ.get("OTEL_SERVICE_NAME"):
+        attributes[sc.SERVICE_NAME] = environ["OTEL_SERVICE_NAME"]
+    return attributes
 
 
 def detect_training_identity(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -91,7 +105,7 @@ def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None
     # Precedence: detection < OTEL_RESOURCE_ATTRIBUTES < explicit options; and for
     # service.name: default < service_name option < OTEL_SERVICE_NAME.
     # (Resource.create alone would let detection override the variables.)
-    from_env = OTELResourceDetector().detect()
+    from_env = Resource(_from_otel_variables(environ))
     explicit_attributes = {key: value for key, value in explicit.items() if value is not None}
     explicit_attributes[sc.TRAINING_ROLE] = attributes[sc.TRAINING_ROLE]
     return Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))

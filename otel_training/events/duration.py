@@ -96,23 +96,25 @@ class Duration:
     def attributes(self) -> dict[str, Any]:
         return dict(self._attributes)
 
-    @contained(default=None)
     def begin(self) -> Duration:
         """Start the span and make it current."""
-        if self._span is not None:
-            log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
-                     exc_info=False)
-            return self
-        rt = runtime()
-        parent = _CURRENT.get()
-        context = None
-        if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
-            context = parent._context_for_child(rt)
-        span = rt.tracer.start_span(self.name, context=context, attributes=self._attributes)
-        rt.charge(span.get_span_context().trace_id)
-        self._span = span
-        self._token = context_api.attach(trace_api.set_span_in_context(span))
-        self._current_token = _CURRENT.set(self)
+        try:
+            if self._span is not None:
+                log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
+                         exc_info=False)
+                return self
+            rt = runtime()
+            parent = _CURRENT.get()
+            context = None
+            if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
+                context = parent._context_for_child(rt)
+            span = rt.tracer.start_span(self.name, context=context, attributes=self._attributes)
+            rt.charge(span.get_span_context().trace_id)
+            self._span = span
+            self._token = context_api.attach(trace_api.set_span_in_context(span))
+            self._current_token = _CURRENT.set(self)
+        except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+            log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
         return self
 
     def _context_for_child(self, rt: EventsRuntime) -> Context | None:
@@ -140,26 +142,31 @@ class Duration:
         if previous is not None:
             previous.end()
 
-    @contained(default=None)
     def end(self) -> None:
         """End the span (status unset unless ``success``/``fail`` said otherwise)."""
-        if self._span is None or self._ended:
-            return
-        self._ended = True
-        if _CURRENT.get() is self:
-            # Restore the context only where it was entered, in order; a Duration
-            # ended elsewhere (another thread, out of order) just ends its span.
-            _CURRENT.reset(self._current_token)  # type: ignore[arg-type]
-            context_api.detach(self._token)  # type: ignore[arg-type]
-        if self._segment is not None:
-            status = getattr(self._span, "status", None)
-            if status is not None and status.status_code is StatusCode.ERROR:
-                self._segment.set_status(status)
-            self._segment.end()
-        span = self._span
-        span.end()
-        if span.parent is None:
-            runtime().forget(span.get_span_context().trace_id)
+        try:
+            span = self._span
+            if span is None or self._ended:
+                return
+            self._ended = True
+            if _CURRENT.get() is self:
+                # Restore the context only where it was entered, in order; a Duration
+                # ended elsewhere (another thread, out of order) just ends its span.
+                _CURRENT.reset(self._current_token)  # type: ignore[arg-type]
+                context_api.detach(self._token)  # type: ignore[arg-type]
+            if self._segment is not None:
+                self._end_segment()
+            span.end()
+            if span.parent is None:
+                runtime().forget(span.get_span_context().trace_id)
+        except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+            log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
+
+    def _end_segment(self) -> None:
+        status = getattr(self._span, "status", None)
+        if status is not None and status.status_code is StatusCode.ERROR:
+            self._segment.set_status(status)  # type: ignore[union-attr]
+        self._segment.end()  # type: ignore[union-attr]
 
     # -- outcome ------------------------------------------------------------
     @contained(default=None)

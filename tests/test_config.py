@@ -1,0 +1,163 @@
+"""Configuration: precedence, validation errors that name the culprit, resource detection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import otel_training
+from otel_training import ConfigError
+from otel_training import semconv as sc
+from otel_training.config.options import resolve
+from otel_training.config.resource import build_resource
+
+
+def test_precedence_argument_over_environment_over_file_over_default(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"output_dir": "from-file", "trace_max_spans": 7, "exporter": "console"}))
+    environ = {"OTEL_TRAINING_CONFIG": str(config), "OTEL_TRAINING_TRACE_MAX_SPANS": "9", "OTEL_TRAINING_EXPORTER": "none"}
+    options = resolve({"exporter": "file"}, environ)
+    assert options["exporter"] == "file"  # argument beats environment
+    assert options["trace_max_spans"] == 9  # environment beats file
+    assert options["output_dir"] == "from-file"  # file beats default
+    assert options["exit_timeout_s"] == 2.0  # default
+
+
+def test_toml_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "otel.toml"
+    config.write_text('exporter = "console"\nstuck_span_names = ["training.step", "training.evaluate"]\n')
+    options = resolve({}, {"OTEL_TRAINING_CONFIG": str(config)})
+    assert options["exporter"] == "console"
+    assert options["stuck_span_names"] == ("training.step", "training.evaluate")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environ", "expected"),
+    [
+        ({"exporter": "zipkin"}, {}, r"configure\(exporter=...\).*'zipkin'.*otlp, file, console, none"),
+        ({}, {"OTEL_TRAINING_EXPORTER": "jaeger"}, r"OTEL_TRAINING_EXPORTER.*'jaeger'"),
+        ({"exit_timeout_s": -1}, {}, r"exit_timeout_s.*-1.*>= 0"),
+        ({}, {"OTEL_TRAINING_STUCK_THRESHOLD_S": "soon"}, r"OTEL_TRAINING_STUCK_THRESHOLD_S.*'soon'"),
+        ({"trace_max_spans": "many"}, {}, r"trace_max_spans.*'many'"),
+        ({"metrics": "perhaps"}, {}, r"metrics.*'perhaps'.*boolean"),
+        ({"rank": True}, {}, r"rank.*True"),
+        ({"exporterr": "file"}, {}, r"unknown option 'exporterr'.*did you mean 'exporter'"),
+        ({}, {"OTEL_TRAINING_OUTPUTDIR": "x"}, r"unknown option 'outputdir'.*OTEL_TRAINING_OUTPUTDIR"),
+    ],
+)
+def test_bad_values_name_option_and_value(arguments: dict, environ: dict, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        resolve(arguments, environ)
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_bad_config_files_name_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.json"
+    with pytest.raises(ConfigError, match=f"OTEL_TRAINING_CONFIG='{missing}'.*cannot read"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(missing)})
+    malformed = tmp_path / "bad.json"
+    malformed.write_text('{"exporter": "file",')
+    with pytest.raises(ConfigError, match=f"config file '{malformed}' is malformed"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(malformed)})
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("exporter = \n")
+    with pytest.raises(ConfigError, match="bad.toml' is malformed"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(bad_toml)})
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"exporter": "file", "colour": "blue"}))
+    with pytest.raises(ConfigError, match=f"unknown option 'colour' in config file '{unknown}'"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(unknown)})
+    wrong_value = tmp_path / "wrong.json"
+    wrong_value.write_text(json.dumps({"trace_max_age_s": "an hour"}))
+    with pytest.raises(ConfigError, match=r"wrong.json', key 'trace_max_age_s': invalid value 'an hour'"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(wrong_value)})
+    not_a_table = tmp_path / "list.json"
+    not_a_table.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a table/object"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(not_a_table)})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "team"),
+    ],
+)
+def test_bad_standard_variables_raise_before_training(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable}={value!r}"):
+        otel_training.configure(reconfigure=True, exporter="none")
+
+
+def test_configure_returns_the_same_handle(configure) -> None:
+    telemetry = configure(exporter="none")
+    assert otel_training.configure() is telemetry
+    assert otel_training.configure(exporter="none", output_dir=telemetry.options["output_dir"],
+                                   signal_hooks=False, exception_hooks=False) is telemetry
+    with pytest.raises(ConfigError, match="reconfigure=True"):
+        otel_training.configure(exporter="console")
+    replaced = configure(exporter="console")
+    assert replaced is not telemetry and telemetry.is_shut_down
+
+
+def test_default_exporter_is_file_unless_an_endpoint_is_set(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert configure().exporter_name == "file"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    assert configure().exporter_name == "otlp"
+
+
+def test_resource_from_torchrun_environment() -> None:
+    environ = {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "1",
+        "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_RESTART_COUNT": "2",
+    }
+    attributes = build_resource({"role": "trainer"}, environ).attributes
+    assert attributes[sc.TRAINING_RANK] == 3
+    assert attributes[sc.TRAINING_LOCAL_RANK] == 1
+    assert attributes[sc.TRAINING_WORLD_SIZE] == 8
+    assert attributes[sc.TRAINING_NODE_RANK] == 1
+    assert attributes[sc.TRAINING_JOB_ID] == "job-42"
+    assert attributes[sc.TRAINING_RESTART_COUNT] == 2
+    assert attributes[sc.TRAINING_RUN_ID] == "job-42-2"  # shared by all ranks of one attempt
+    assert attributes[sc.TRAINING_ROLE] == "trainer"
+    assert attributes[sc.SERVICE_NAME] == "training"
+    assert {sc.HOST_NAME, sc.PROCESS_PID, sc.SERVICE_INSTANCE_ID} <= set(attributes)
+
+
+def test_resource_from_slurm_and_kubernetes() -> None:
+    environ = {"SLURM_JOB_ID": "777", "SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_NODEID": "2",
+               "KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-pod-5"}
+    attributes = build_resource({}, environ).attributes
+    assert (attributes[sc.TRAINING_JOB_ID], attributes[sc.TRAINING_RANK]) == ("777", 5)
+    assert (attributes[sc.TRAINING_WORLD_SIZE], attributes[sc.TRAINING_NODE_RANK]) == (16, 2)
+    assert attributes[sc.K8S_POD_NAME] == "trainer-pod-5"
+    # Outside Kubernetes HOSTNAME is not a pod name.
+    assert sc.K8S_POD_NAME not in build_resource({}, {"HOSTNAME": "laptop"}).attributes
+
+
+def test_explicit_options_override_detection_and_service_name_precedence() -> None:
+    environ = {"RANK": "3", "OTEL_RESOURCE_ATTRIBUTES": "training.job.id=from-env,team=vision"}
+    attributes = build_resource({"rank": 0, "service_name": "option-name"}, environ).attributes
+    assert attributes[sc.TRAINING_RANK] == 0
+    assert attributes[sc.TRAINING_JOB_ID] == "from-env"
+    assert attributes["team"] == "vision"
+    assert attributes[sc.SERVICE_NAME] == "option-name"
+    environ["OTEL_SERVICE_NAME"] = "env-name"
+    assert build_resource({"service_name": "option-name"}, environ).attributes[sc.SERVICE_NAME] == "env-name"
+
+
+def test_configuration_doc_is_generated_from_the_options() -> None:
+    from otel_training.config.options import markdown_table
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    assert markdown_table() in doc, "docs/configuration.md is stale: regenerate with `python -m otel_training.config.docs`"

@@ -1,0 +1,159 @@
+"""A dying rank: SIGTERM mid-step, an exception in a step, an unreachable collector.
+
+Real subprocesses, real signals: the trace file must hold the step that was
+running, ended with status ERROR and the signal or exception as an event, and
+the exit status must be what it would be without the library.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from otlp_json import read_spans
+
+import otel_training
+from otel_training import semconv as sc
+
+STATUS_ERROR = 2
+
+TRAINING_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import otel_training
+    otel_training.configure(exporter="file", output_dir=sys.argv[1])
+    trainer = otel_training.TrainerProcess()
+    with trainer.train():
+        for step in range(1000):
+            with trainer.step(global_step=step):
+                if step == 3:
+                    if sys.argv[2] == "raise":
+                        raise RuntimeError("loss is NaN")
+                    print("in-step-3", flush=True)
+                    time.sleep(60)
+    """
+)
+
+
+def _run_script(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING_SCRIPT)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    return subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "traces"), mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def _baseline_exit(tmp_path: Path, signum: int) -> int:
+    """The exit status of the same kind of process without the library."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    process.send_signal(signum)
+    return process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_signal_mid_step_ends_the_step_with_error_and_keeps_the_exit_status(tmp_path: Path, signum: int) -> None:
+    process = _run_script(tmp_path, "sleep")
+    assert process.stdout.readline().strip() == "in-step-3"
+    process.send_signal(signum)
+    returncode = process.wait(timeout=30)
+    assert returncode == _baseline_exit(tmp_path, signum) == -signum
+    spans = read_spans(tmp_path / "traces" / "traces-r0.jsonl")
+    step3 = next(s for s in spans if s["name"] == "training.step" and s["attributes"][sc.STEP] == 3)
+    assert step3["status"]["code"] == STATUS_ERROR
+    (event,) = [e for e in step3["events"] if e["name"] == sc.EVENT_SIGNAL]
+    assert event["attributes"][sc.SIGNAL_NAME] == signal.Signals(signum).name
+    assert "train.py\", line 1" in event["attributes"][sc.EXCEPTION_STACKTRACE]  # where the main thread was
+    train = next(s for s in spans if s["name"] == "training.train")
+    assert train["status"]["code"] == STATUS_ERROR
+    assert sorted(s["attributes"][sc.STEP] for s in spans if s["name"] == "training.step") == [0, 1, 2, 3]
+
+
+def test_exception_in_a_step_is_recorded_and_the_exit_status_kept(tmp_path: Path) -> None:
+    process = _run_script(tmp_path, "raise")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "RuntimeError: loss is NaN" in stderr  # the previous excepthook still printed it
+    spans = read_spans(tmp_path / "traces" / "traces-r0.jsonl")
+    step3 = next(s for s in spans if s["name"] == "training.step" and s["attributes"][sc.STEP] == 3)
+    assert step3["status"]["code"] == STATUS_ERROR
+    (event,) = step3["events"]
+    assert event["name"] == "exception"
+    assert event["attributes"]["exception.type"] == "RuntimeError"
+    assert event["attributes"]["exception.message"] == "loss is NaN"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_shutdown_against_an_unreachable_collector_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    telemetry = configure(exporter="otlp")
+    trainer = otel_training.TrainerProcess()
+    for step in range(200):
+        with trainer.step(global_step=step):
+            pass
+    started = time.monotonic()
+    result = telemetry.shutdown(timeout_s=1)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.3, f"shutdown took {elapsed:.2f} s"
+    assert result.dropped == 200 and result.exported == 0 and not result.completed
+
+
+def test_flush_against_a_collector_that_never_answers_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that accepts TCP connections but never speaks: the worst case for gRPC."""
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(16)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{blackhole.getsockname()[1]}")
+        telemetry = configure(exporter="otlp")
+        trainer = otel_training.TrainerProcess()
+        for step in range(20):
+            with trainer.step(global_step=step):
+                pass
+        started = time.monotonic()
+        flushed = telemetry.force_flush(timeout_s=0.5)
+        assert time.monotonic() - started < 0.8
+        assert not flushed.completed
+        started = time.monotonic()
+        result = telemetry.shutdown(timeout_s=1)
+        assert time.monotonic() - started < 1.3
+        assert result.dropped == 20
+
+
+def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import otel_training
+        otel_training.configure(exit_timeout_s=1)
+        trainer = otel_training.TrainerProcess()
+        for step in range(100):
+            with trainer.step(global_step=step):
+                pass
+        print("done", flush=True)
+        """
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    assert process.stdout.readline().strip() == "done"
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=30)
+    exit_time = time.monotonic() - started
+    assert process.returncode == 0
+    assert exit_time < 1.8, f"exit took {exit_time:.2f} s after the loop (budget 1 s)"
+    assert "100 span(s) were not delivered" in stderr
