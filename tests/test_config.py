@@ -160,4 +160,4 @@ def test_configuration_doc_is_generated_from_the_options() -> None:
     from otel_training.config.options import markdown_table
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
-    assert markdown_table() in doc, "docs/configuration.md is stale: regenerate with `python -m otel_training.config.docs`"
+    assert markdown_table() in doc, "docs/configuration.md is stale: regenerate with `.venv/bin/python scripts/gen_config_doc.py`"
