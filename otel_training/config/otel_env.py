@@ -44,31 +44,27 @@ def otlp_protocol(environ: Mapping[str, str], signal: str = "TRACES") -> str:
     return value
 
 
+def _check_positive(environ: Mapping[str, str], name: str, parse: type, expected: str) -> None:
+    if name not in environ:
+        return
+    value = environ[name]
+    try:
+        ok = parse(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"environment variable {name}={value!r}: {expected}")
+
+
 def validate(environ: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for the first malformed standard variable."""
     otlp_protocol(environ, "TRACES")
     otlp_protocol(environ, "METRICS")
     for name in _POSITIVE_INTS:
-        if name in environ:
-            value = environ[name]
-            try:
-                ok = int(value) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"environment variable {name}={value!r}: expected a positive integer")
+        _check_positive(environ, name, int, "expected a positive integer")
     for name in _SECONDS:
-        if name in environ:
-            value = environ[name]
-            try:
-                ok = float(value) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(
-                    f"environment variable {name}={value!r}: expected a positive number "
-                    "(the Python OTLP exporters read it in seconds)"
-                )
+        _check_positive(environ, name, float,
+                        "expected a positive number (the Python OTLP exporters read it in seconds)")
     sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if sampler and sampler not in _SAMPLERS:
         raise ConfigError(f"environment variable OTEL_TRACES_SAMPLER={sampler!r}: expected one of {', '.join(_SAMPLERS)}")
