@@ -1,0 +1,82 @@
+"""``otel-training report``: a job's goodput, step times, stragglers and alerts from its traces."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report", help="goodput, badput, step-time deviation, stragglers and alerts of a job's traces",
+        description="Read the OTLP JSON trace files of every rank and restart of a job (files or directories), "
+                    "or pull them from Jaeger, then print a summary and write an offline HTML report.")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories (default: ./otel-traces)")
+    parser.add_argument("--jaeger", metavar="URL", help="read from Jaeger's query API at URL instead of files")
+    parser.add_argument("--service", metavar="NAME", help="service.name to fetch from Jaeger (with --jaeger)")
+    parser.add_argument("--limit", type=int, default=10_000, help="traces to fetch from Jaeger (default: %(default)s)")
+    parser.add_argument("--lookback", type=float, default=None, metavar="SECONDS",
+                        help="only Jaeger traces of the last SECONDS")
+    parser.add_argument("--html", metavar="FILE", help="HTML report path (default: otel-training-report.html "
+                        "next to the first input, or in the current directory)")
+    parser.add_argument("--no-html", action="store_true", help="do not write the HTML report")
+    parser.add_argument("--chrome", metavar="FILE", help="also write a Chrome trace (Perfetto, chrome://tracing)")
+    parser.add_argument("--job", metavar="ID", help="only spans of this training.job.id")
+    parser.add_argument("--evaluation-is-productive", action="store_true", help="count evaluation as goodput")
+    parser.add_argument("--ideal-step-time", type=float, default=None, metavar="SECONDS",
+                        help="ideal step time (default: mean of the normal steps)")
+    parser.add_argument("--straggler-threshold", type=float, default=None, metavar="SCORE",
+                        help="name ranks scoring below this (default: 0.75)")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="always show a progress bar while reading")
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show one")
+    parser.set_defaults(handler=run)
+
+
+def default_html_path(paths: list[str]) -> Path:
+    first = Path(paths[0]) if paths else Path.cwd()
+    directory = first if first.is_dir() else first.parent
+    return directory / "otel-training-report.html"
+
+
+def run(args: argparse.Namespace) -> int:
+    from otel_training.analysis.stragglers import DEFAULT_THRESHOLD
+    from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
+
+    if args.jaeger:
+        if not args.service:
+            print("otel-training report: --jaeger needs --service NAME", file=sys.stderr)
+            return 2
+        from otel_training.report.jaeger import fetch
+
+        records, problems = fetch(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback)
+        paths: list[str] = []
+    else:
+        paths = args.paths or ["./otel-traces"]
+        result = read_paths(paths, progress=args.progress)
+        records, problems = result.records, result.problems
+    if args.job:
+        records = [record for record in records if record.run.job_id == args.job]
+    report = build_report(
+        records, problems,
+        evaluation_is_productive=args.evaluation_is_productive,
+        ideal_step_time_s=args.ideal_step_time,
+        straggler_threshold=DEFAULT_THRESHOLD if args.straggler_threshold is None else args.straggler_threshold,
+    )
+    print(render_summary(report))
+    if not records:
+        print("otel-training report: no spans to report on", file=sys.stderr)
+        return 1
+    if not args.no_html:
+        html_path = Path(args.html) if args.html else default_html_path(paths)
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(render_html(report, records, evaluation_is_productive=args.evaluation_is_productive),
+                             encoding="utf-8")
+        print(f"html report: {html_path.resolve()}")
+    if args.chrome:
+        count = write_chrome_trace(records, args.chrome)
+        print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)")
+    return 0

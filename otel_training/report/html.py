@@ -1,0 +1,264 @@
+"""The self-contained HTML report: plots as inline SVG, no script, no network, opens anywhere offline.
+
+Plots are drawn with matplotlib (Agg) into inline SVG; the data-heavy ones
+(thousands of steps, the per-rank timeline) rasterize their marks inside the
+SVG so a million-span job still gives a page of bounded size.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord, span_label
+from otel_training.report.job import JobReport
+from otel_training.report.summary import render_summary
+
+#: Colour of each label, shared by the breakdown and the timeline.
+COLORS: dict[str, str] = {
+    PRODUCTIVE: "#2ca02c",
+    sc.BADPUT_PROGRAM_STARTUP: "#c7c7c7",
+    sc.BADPUT_INITIALIZATION: "#9467bd",
+    sc.BADPUT_TRAINING_PREP: "#c5b0d5",
+    sc.BADPUT_DATA_LOADING: "#ff7f0e",
+    sc.BADPUT_CHECKPOINT_SAVE: "#1f77b4",
+    sc.BADPUT_CHECKPOINT_RESTORE: "#aec7e8",
+    sc.BADPUT_EVALUATION: "#17becf",
+    sc.BADPUT_STUCK: "#d62728",
+    sc.BADPUT_WASTED_PROGRESS: "#8c564b",
+    sc.BADPUT_RECOVERY: "#e377c2",
+    sc.BADPUT_DOWNTIME: "#7f7f7f",
+    sc.BADPUT_OTHER: "#dbdb8d",
+}
+#: Marks above which a plot's data are rasterized inside its SVG.
+RASTERIZE_ABOVE = 2000
+#: Horizontal resolution the timeline merges intervals to.
+TIMELINE_BINS = 3000
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _svg(figure: Any) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    _pyplot().close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline SVG
+
+
+def _plot_step_times(report: JobReport) -> str:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 3.8))
+    by_rank: defaultdict[int, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for step in report.steps:
+        xs, ys = by_rank[step.rank]
+        xs.append((step.start_ns - report.start_ns) / 1e9)
+        ys.append(step.duration_s * 1000)
+    rasterize = len(report.steps) > RASTERIZE_ABOVE
+    stragglers = set(report.straggler_ranks)
+    for rank, (xs, ys) in sorted(by_rank.items()):
+        label = f"rank {rank}" + (" (straggler)" if rank in stragglers else "")
+        axes.plot(xs, ys, ".", markersize=3 if rasterize else 5, label=label, rasterized=rasterize)
+    if report.ideal_step_s is not None:
+        axes.axhline(report.ideal_step_s * 1000, color="black", linestyle="--", linewidth=1, label="ideal")
+    for run in report.goodput.runs:
+        if run.key.restart > 0:
+            axes.axvline((run.start_ns - report.start_ns) / 1e9, color="#d62728", alpha=0.3, linewidth=1)
+    axes.set_xlabel("time since job start (s)")
+    axes.set_ylabel("step time (ms)")
+    axes.set_title("Step time per rank (red lines: restarts)")
+    if len(by_rank) <= 16:
+        axes.legend(loc="upper right", fontsize="small", ncol=min(4, len(by_rank) + 1))
+    return _svg(figure)
+
+
+def _plot_histogram(report: JobReport) -> str:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(5.4, 3.6))
+    durations = [step.duration_s * 1000 for step in report.steps]
+    axes.hist(durations, bins=min(60, max(5, len(durations) // 5)), color="#1f77b4")
+    if report.ideal_step_s is not None:
+        axes.axvline(report.ideal_step_s * 1000, color="black", linestyle="--", label="ideal")
+    if report.normal_threshold_s is not None:
+        axes.axvline(report.normal_threshold_s * 1000, color="#d62728", linestyle=":", label="median + 3 MAD")
+    axes.set_xlabel("step time (ms)")
+    axes.set_ylabel("steps")
+    axes.set_title("Step-time histogram (all ranks)")
+    if report.ideal_step_s is not None:
+        axes.legend(fontsize="small")
+    return _svg(figure)
+
+
+def _plot_breakdown(report: JobReport) -> str:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(5.4, 3.6))
+    seconds = report.goodput.seconds
+    labels = [label for label in (PRODUCTIVE, *BUCKETS) if seconds.get(label, 0) > 0]
+    labels.sort(key=lambda label: seconds[label])
+    total = report.goodput.total_s or 1.0
+    bars = axes.barh(labels, [seconds[label] for label in labels], color=[COLORS[label] for label in labels])
+    for bar, label in zip(bars, labels):
+        axes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {seconds[label] / total:.1%}",
+                  va="center", fontsize="small")
+    axes.set_xlabel("accelerator time (s, summed over ranks)")
+    goodput = report.goodput.goodput
+    axes.set_title("Goodput and badput" + ("" if goodput is None else f": goodput {goodput:.1%}"))
+    axes.margins(x=0.15)
+    return _svg(figure)
+
+
+def _merged(intervals: list[tuple[int, int]], resolution: int) -> list[tuple[int, int]]:
+    """Intervals closer than ``resolution`` merged: one mark per pixel is all a plot can show."""
+    intervals.sort()
+    merged: list[list[int]] = []
+    for start, end in intervals:
+        if merged and start - merged[-1][1] <= resolution:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def _plot_timeline(report: JobReport, records: Sequence[SpanRecord], evaluation_is_productive: bool) -> str:
+    plt = _pyplot()
+    ranks = sorted({run.key.rank for run in report.goodput.runs})
+    figure, axes = plt.subplots(figsize=(11, 0.9 + 0.45 * max(1, len(ranks))))
+    span_ns = max(1, report.end_ns - report.start_ns)
+    resolution = span_ns // TIMELINE_BINS
+    row = {rank: index for index, rank in enumerate(ranks)}
+    intervals: defaultdict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+    for record in records:
+        label = span_label(record.name, evaluation_is_productive)
+        if label is not None and record.run.rank in row:
+            intervals[(record.run.rank, label)].append((record.start_ns, record.end_ns))
+    for run in report.goodput.runs:
+        intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
+    used: set[str] = set()
+    for (rank, label), spans in sorted(intervals.items(), key=lambda item: item[0][1] != "_run"):
+        bars = [((start - report.start_ns) / 1e9, max(end - start, resolution) / 1e9)
+                for start, end in _merged(spans, resolution)]
+        if label == "_run":
+            axes.broken_barh(bars, (row[rank] - 0.4, 0.8), facecolors="#f0f0f0", edgecolors="#999999")
+            continue
+        used.add(label)
+        axes.broken_barh(bars, (row[rank] - 0.3, 0.6), facecolors=COLORS[label], rasterized=len(bars) > RASTERIZE_ABOVE)
+    for alert in report.alerts:
+        if alert.rank in row:
+            axes.plot((alert.time_ns - report.start_ns) / 1e9, row[alert.rank] + 0.42, "v",
+                      color="#d62728" if alert.kind != sc.ALERT_KIND_RECOVERED else "#2ca02c", markersize=7)
+    axes.set_yticks(range(len(ranks)), [f"rank {rank}" for rank in ranks])
+    axes.set_ylim(-0.6, len(ranks) - 0.4 + 0.3)
+    axes.invert_yaxis()
+    axes.set_xlabel("time since job start (s)")
+    axes.set_title("Per-rank timeline (grey: a run of the rank; triangles: stuck/recovered alerts)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[label]) for label in COLORS if label in used]
+    axes.legend(handles, [label for label in COLORS if label in used], loc="upper left",
+                bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return _svg(figure)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:1.5em;margin-bottom:4px} h2{font-size:1.15em;margin-top:28px;border-bottom:1px solid #ddd}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin:14px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:10px 14px;min-width:130px}
+.card b{display:block;font-size:1.5em} .card span{color:#666;font-size:.85em}
+.plots{display:flex;flex-wrap:wrap;gap:8px} figure{margin:0} svg{max-width:100%;height:auto}
+table{border-collapse:collapse;font-size:.9em} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f5f5f5} td:first-child,th:first-child{text-align:left}
+.straggler{background:#fde0dc} pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:.8em}
+.problems li{font-family:monospace;font-size:.85em}
+"""
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _cards(report: JobReport) -> str:
+    account = report.goodput
+    worst = max(account.badput.items(), key=lambda item: item[1], default=("-", 0.0))
+    cards = [
+        ("goodput", "-" if account.goodput is None else f"{account.goodput:.1%}"),
+        ("accelerator time", f"{account.total_s:,.1f} s"),
+        ("largest badput", f"{worst[0]}" if worst[1] > 0 else "-"),
+        ("ranks / restarts", f"{len({run.key.rank for run in account.runs})} / {account.restarts}"),
+        ("ideal step time", "-" if report.ideal_step_s is None else f"{report.ideal_step_s * 1000:.1f} ms"),
+        ("stragglers", ", ".join(f"rank {rank}" for rank in report.straggler_ranks) or "none"),
+    ]
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><b>{html.escape(value)}</b><span>{html.escape(name)}</span></div>' for name, value in cards
+    ) + "</div>"
+
+
+def _rank_table(report: JobReport) -> str:
+    scores = {score.rank: score for score in report.stragglers}
+    rows = []
+    for rank, stats in report.rank_steps.items():
+        score = scores.get(rank)
+        css = ' class="straggler"' if score and score.straggler else ""
+        rows.append(
+            f"<tr{css}><td>rank {rank}</td><td>{stats.count}</td><td>{_ms(stats.median)}</td><td>{_ms(stats.p90)}</td>"
+            f"<td>{_ms(stats.maximum)}</td><td>{_ms(stats.mean_deviation)}</td><td>{stats.abnormal}</td>"
+            f"<td>{score.relative if score else 1:.2f}</td><td>{score.individual if score else 1:.2f}</td></tr>"
+        )
+    return ("<table><tr><th>rank</th><th>steps</th><th>median ms</th><th>p90 ms</th><th>max ms</th>"
+            "<th>mean deviation ms</th><th>abnormal</th><th>relative score</th><th>individual score</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _alerts(report: JobReport) -> str:
+    if not report.alerts:
+        return "<p>No stuck or recovered alerts.</p>"
+    items = []
+    for alert in report.alerts:
+        when = datetime.fromtimestamp(alert.time_ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        elapsed = "" if alert.elapsed_s is None else f" after {alert.elapsed_s:.1f} s"
+        title = f"{when} — rank {alert.rank}, restart {alert.restart}: {alert.span_name or 'span'} {alert.kind}{elapsed}"
+        stacks = f"<pre>{html.escape(alert.stacks)}</pre>" if alert.stacks else ""
+        items.append(f"<details{' open' if stacks else ''}><summary>{html.escape(title)}</summary>{stacks}</details>")
+    return "".join(items)
+
+
+def render_html(report: JobReport, records: Sequence[SpanRecord], *, evaluation_is_productive: bool = False) -> str:
+    """The report page; ``records`` feed the timeline."""
+    title = "otel-training report: " + (", ".join(report.job_ids) or "job")
+    plots = ['<figure class="plot" id="breakdown">' + _plot_breakdown(report) + "</figure>"]
+    if report.steps:
+        plots.insert(0, '<figure class="plot" id="step-time">' + _plot_step_times(report) + "</figure>")
+        plots.append('<figure class="plot" id="histogram">' + _plot_histogram(report) + "</figure>")
+    plots.append('<figure class="plot" id="timeline">'
+                 + _plot_timeline(report, records, evaluation_is_productive) + "</figure>")
+    problems = ""
+    if report.problems:
+        problems = ("<h2>Input problems</h2><ul class=\"problems\">"
+                    + "".join(f"<li>{html.escape(str(problem))}</li>" for problem in report.problems) + "</ul>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>{report.span_count:,} spans from {html.escape(", ".join(report.services) or "unknown services")}.</p>
+{_cards(report)}
+<h2>Plots</h2>
+<div class="plots">{"".join(plots)}</div>
+<h2>Ranks</h2>
+{_rank_table(report)}
+<h2>Alerts</h2>
+{_alerts(report)}
+{problems}
+<h2>Summary</h2>
+<pre>{html.escape(render_summary(report))}</pre>
+</body></html>
+"""

@@ -1,0 +1,122 @@
+"""Everything the report shows about one job, computed once from its spans."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+
+from otel_training import semconv as sc
+from otel_training.analysis import (
+    GoodputAccount,
+    SpanRecord,
+    StepStats,
+    StragglerScore,
+    account,
+    ideal_step_time,
+    normal_threshold,
+    step_stats,
+    straggler_scores,
+)
+from otel_training.analysis.stragglers import DEFAULT_THRESHOLD
+from otel_training.report.reader import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Alert:
+    rank: int
+    restart: int
+    time_ns: int
+    kind: str
+    span_name: str
+    elapsed_s: float | None
+    threshold_s: float | None
+    stacks: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    rank: int
+    restart: int
+    start_ns: int
+    duration_s: float
+
+
+@dataclasses.dataclass
+class JobReport:
+    job_ids: list[str]
+    services: list[str]
+    span_count: int
+    start_ns: int
+    end_ns: int
+    goodput: GoodputAccount
+    ideal_step_s: float | None
+    normal_threshold_s: float | None
+    rank_steps: dict[int, StepStats]
+    job_steps: StepStats | None
+    stragglers: list[StragglerScore]
+    alerts: list[Alert]
+    steps: list[Step]
+    problems: list[Problem]
+
+    @property
+    def straggler_ranks(self) -> list[int]:
+        return [score.rank for score in self.stragglers if score.straggler]
+
+
+def _float(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def build_report(
+    records: Sequence[SpanRecord],
+    problems: Sequence[Problem] = (),
+    *,
+    evaluation_is_productive: bool = False,
+    ideal_step_time_s: float | None = None,
+    straggler_threshold: float = DEFAULT_THRESHOLD,
+) -> JobReport:
+    """Goodput, step-time statistics, stragglers and alerts of the spans of one job."""
+    steps: list[Step] = []
+    alerts: list[Alert] = []
+    for record in records:
+        if record.name == sc.SPAN_STEP and record.is_trainer:
+            steps.append(Step(record.run.rank, record.run.restart, record.start_ns, record.duration_s))
+        elif record.name == sc.SPAN_ALERT:
+            attributes = record.attributes
+            alerts.append(Alert(
+                rank=record.run.rank, restart=record.run.restart, time_ns=record.start_ns,
+                kind=str(attributes.get(sc.ALERT_KIND, "")),
+                span_name=str(attributes.get(sc.ALERT_SPAN_NAME, "")),
+                elapsed_s=_float(attributes.get(sc.ALERT_ELAPSED_S)),
+                threshold_s=_float(attributes.get(sc.ALERT_THRESHOLD_S)),
+                stacks=str(attributes.get(sc.ALERT_STACKS, "")),
+            ))
+    steps.sort(key=lambda step: (step.rank, step.start_ns))
+    alerts.sort(key=lambda alert: alert.time_ns)
+    by_rank: defaultdict[int, list[float]] = defaultdict(list)
+    for step in steps:
+        by_rank[step.rank].append(step.duration_s)
+    pooled = [step.duration_s for step in steps]
+    threshold = normal_threshold(pooled)
+    ideal = ideal_step_time(pooled, ideal_step_time_s)
+    return JobReport(
+        job_ids=sorted({record.run.job_id for record in records if record.run.job_id}),
+        services=sorted({record.service for record in records if record.service}),
+        span_count=len(records),
+        start_ns=min((record.start_ns for record in records), default=0),
+        end_ns=max((record.end_ns for record in records), default=0),
+        goodput=account(records, evaluation_is_productive=evaluation_is_productive),
+        ideal_step_s=ideal,
+        normal_threshold_s=threshold,
+        rank_steps={rank: stats for rank, durations in sorted(by_rank.items())
+                    if (stats := step_stats(durations, ideal, threshold)) is not None},
+        job_steps=step_stats(pooled, ideal, threshold),
+        stragglers=straggler_scores(by_rank, straggler_threshold),
+        alerts=alerts,
+        steps=steps,
+        problems=list(problems),
+    )

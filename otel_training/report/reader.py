@@ -1,0 +1,197 @@
+"""Reading OTLP JSON trace files of every rank and restart into analysis records.
+
+Post-mortem input is often damaged: the last line cut short by a crash, a
+metrics file next to the traces, a directory that holds nothing. Each problem
+becomes a message naming the file and line, and everything readable is still
+used, because a partial report beats none when a job has just died.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training.analysis import RunKey, SpanRecord
+
+#: Problems reported per file before the rest are only counted.
+MAX_PROBLEMS_PER_FILE = 5
+#: Inputs larger than this (bytes) get a progress bar (when stderr is a terminal).
+PROGRESS_MIN_BYTES = 16 * 1024 * 1024
+_STATUS_ERROR = 2
+_THREAD_ID = "thread.id"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something that could not be read; the rest of the input still counts."""
+
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+@dataclasses.dataclass
+class ReadResult:
+    records: list[SpanRecord]
+    problems: list[Problem]
+    files: list[Path]
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """An OTLP JSON AnyValue as a Python value."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [any_value(item) for item in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return attributes(value["kvlistValue"].get("values"))
+    return None
+
+
+def attributes(items: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
+    return {item["key"]: any_value(item.get("value", {})) for item in items or ()}
+
+
+def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[Problem]]:
+    """Files named on the command line, and the ``*.jsonl``/``*.json`` files under named directories."""
+    files: list[Path] = []
+    problems: list[Problem] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            # The file exporter's own names first; its metrics-r*.jsonl siblings are not traces.
+            found = sorted(p for p in path.rglob("traces-*.jsonl") if p.is_file())
+            if not found:
+                found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json")
+                               and not p.name.startswith("metrics-"))
+            if not found:
+                problems.append(Problem(str(path), None, "no OTLP JSON trace files (*.jsonl, *.json) in this directory"))
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            problems.append(Problem(str(path), None, "no such file or directory"))
+    return files, problems
+
+
+def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
+    """The spans of one OTLP JSON ``ExportTraceServiceRequest``."""
+    records = []
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = attributes(resource_spans.get("resource", {}).get("attributes"))
+        run = RunKey.from_resource(resource)
+        service = str(resource.get(sc.SERVICE_NAME, ""))
+        role = str(resource.get(sc.TRAINING_ROLE, sc.ROLE_TRAINER))
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                span_attributes = attributes(span.get("attributes"))
+                thread = span_attributes.get(_THREAD_ID, 0)
+                records.append(SpanRecord(
+                    name=span["name"],
+                    start_ns=int(span["startTimeUnixNano"]),
+                    end_ns=int(span["endTimeUnixNano"]),
+                    run=run,
+                    attributes=span_attributes,
+                    trace_id=span.get("traceId", ""),
+                    span_id=span.get("spanId", ""),
+                    parent_id=span.get("parentSpanId", ""),
+                    error=span.get("status", {}).get("code") == _STATUS_ERROR,
+                    service=service,
+                    role=role,
+                    thread=thread if isinstance(thread, int) else 0,
+                ))
+    return records
+
+
+def _line_problem(line: bytes, error: Exception) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        if not line.rstrip().endswith(b"}"):
+            return f"truncated JSON line ({error.msg} at column {error.colno}); skipped"
+        return f"not JSON ({error.msg} at column {error.colno}); skipped"
+    if isinstance(error, UnicodeDecodeError):
+        return "not text (invalid UTF-8); skipped"
+    return f"malformed OTLP span ({type(error).__name__}: {error}); skipped"
+
+
+def _kind_problem(request: Any) -> str:
+    if isinstance(request, dict) and "resourceMetrics" in request:
+        return "OTLP metrics, not traces; skipped"
+    if isinstance(request, dict) and "resourceLogs" in request:
+        return "OTLP logs, not traces; skipped"
+    return "not an OTLP JSON trace request (no resourceSpans); skipped"
+
+
+def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[Problem]]:
+    """The spans of one OTLP JSON Lines file (a single JSON document works too)."""
+    records: list[SpanRecord] = []
+    problems: list[Problem] = []
+    hidden = 0
+
+    def problem(line: int, message: str) -> None:
+        nonlocal hidden
+        if len(problems) < MAX_PROBLEMS_PER_FILE:
+            problems.append(Problem(str(path), line, message))
+        else:
+            hidden += 1
+
+    try:
+        handle = path.open("rb")
+    except OSError as error:
+        return [], [Problem(str(path), None, f"cannot open: {error.strerror or error}")]
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if progress is not None:
+                progress.update(len(line))
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict) or "resourceSpans" not in request:
+                    problem(number, _kind_problem(request))
+                    continue
+                records.extend(records_from_request(request))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                problem(number, _line_problem(line, error))
+    if hidden:
+        problems.append(Problem(str(path), None, f"{hidden} more unreadable line(s) not listed"))
+    return records, problems
+
+
+def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:
+    """Every span under ``paths``; ``progress`` None shows a bar for large inputs on a terminal."""
+    files, problems = find_trace_files(paths)
+    total = sum(path.stat().st_size for path in files)
+    bar = None
+    if progress or (progress is None and total >= PROGRESS_MIN_BYTES):
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
+                   disable=None if progress is None else False)
+    records: list[SpanRecord] = []
+    try:
+        for path in files:
+            file_records, file_problems = read_file(path, bar)
+            records.extend(file_records)
+            problems.extend(file_problems)
+    finally:
+        if bar is not None:
+            bar.close()
+    if files and not records:
+        problems.append(Problem(", ".join(str(path) for path in files[:3]) + ("..." if len(files) > 3 else ""),
+                                None, "no spans found"))
+    return ReadResult(records, problems, files)

@@ -1,0 +1,72 @@
+"""The terminal summary: the answers first (goodput, where the rest went, who is slow), details after."""
+
+from __future__ import annotations
+
+from otel_training.analysis import PRODUCTIVE
+from otel_training.report.job import JobReport
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
+    lines: list[str] = []
+    add = lines.append
+    account = report.goodput
+    jobs = ", ".join(report.job_ids) or "(no training.job.id)"
+    ranks = sorted({run.key.rank for run in account.runs})
+    add(f"job {jobs}: {report.span_count} spans, {len(ranks)} rank(s), {account.restarts} restart(s), "
+        f"{len(account.runs)} run(s) of a rank")
+    if len(report.job_ids) > 1:
+        add("  warning: spans of several jobs are mixed; pass only one job's files for job-level figures")
+    if account.goodput is None:
+        add("goodput: no trainer spans")
+    else:
+        add(f"goodput: {account.goodput:.1%} of {_duration(account.total_s)} accelerator time "
+            f"({_duration(account.seconds.get(PRODUCTIVE, 0.0))} productive)")
+        add("badput:")
+        for bucket, seconds in sorted(account.badput.items(), key=lambda item: -item[1]):
+            if seconds > 0:
+                add(f"  {bucket:<20} {_duration(seconds):>10}  {seconds / account.total_s:6.1%}")
+    if report.job_steps is not None:
+        stats = report.job_steps
+        ideal = "-" if report.ideal_step_s is None else _ms(report.ideal_step_s)
+        add(f"steps: {stats.count}, median {_ms(stats.median)}, p90 {_ms(stats.p90)}, ideal {ideal}, "
+            f"mean deviation {_ms(stats.mean_deviation)}, {stats.abnormal} abnormal (> median + 3 MAD)")
+        add(f"  {'rank':>4} {'steps':>6} {'median':>10} {'p90':>10} {'deviation':>10} "
+            f"{'relative':>8} {'individual':>10}")
+        scores = {score.rank: score for score in report.stragglers}
+        for rank, rank_stats in report.rank_steps.items():
+            score = scores.get(rank)
+            add(f"  {rank:>4} {rank_stats.count:>6} {_ms(rank_stats.median):>10} {_ms(rank_stats.p90):>10} "
+                f"{_ms(rank_stats.mean_deviation):>10} {score.relative if score else 1:>8.2f} "
+                f"{score.individual if score else 1:>10.2f}{'  straggler' if score and score.straggler else ''}")
+    stragglers = report.straggler_ranks
+    add("stragglers: " + (", ".join(f"rank {rank}" for rank in stragglers) if stragglers else "none"))
+    if report.alerts:
+        add(f"alerts: {len(report.alerts)}")
+        for alert in report.alerts:
+            elapsed = "" if alert.elapsed_s is None else f" after {alert.elapsed_s:.1f} s"
+            threshold = "" if alert.threshold_s is None else f" (threshold {alert.threshold_s:.1f} s)"
+            add(f"  rank {alert.rank} restart {alert.restart}: {alert.span_name or 'span'} {alert.kind}"
+                f"{elapsed}{threshold}")
+            stack_lines = alert.stacks.splitlines()
+            for stack_line in stack_lines[:max_stack_lines]:
+                add(f"    | {stack_line}")
+            if len(stack_lines) > max_stack_lines:
+                add(f"    | ... {len(stack_lines) - max_stack_lines} more lines (see the HTML report)")
+    if report.problems:
+        add(f"input problems ({len(report.problems)}); everything else was used:")
+        lines.extend(f"  {problem}" for problem in report.problems)
+    return "\n".join(lines)
