@@ -327,9 +327,14 @@ def _install_plugins(telemetry: Telemetry) -> None:
     if options["stuck_threshold_s"] is not None or options["stuck_adaptive"] or options["watchdog"]:
         from otel_training.processors.stuck import StuckSpanProcessor
 
+        slot = None
+        if options["watchdog"] and not telemetry.disabled:
+            from otel_training import watchdog
+
+            slot = contained()(watchdog.start)(telemetry)
         telemetry.stuck = StuckSpanProcessor.from_options(  # type: ignore[attr-defined]
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
-            flush=telemetry.force_flush, exit_flush_timeout_s=options["exit_timeout_s"])
+            flush=telemetry.force_flush, exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
         telemetry.add_span_processor(telemetry.stuck)  # type: ignore[attr-defined]
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     if telemetry.options["goodput"] and telemetry.meter_provider is not None:

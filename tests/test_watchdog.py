@@ -1,0 +1,172 @@
+"""The sidecar watchdog, with real processes: frozen with the GIL held, killed mid-step, clean exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from otlp_json import read_spans
+
+from otel_training import semconv as sc
+from otel_training.watchdog import monitor
+from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotWriter
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start_script(script: str, tmp_path: Path) -> subprocess.Popen[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(script))
+    return subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def alerts(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [span for span in read_spans(path) if span["name"] == sc.SPAN_ALERT]
+
+
+def wait_for_alert(path: Path, kind: str, source: str, timeout_s: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for alert in alerts(path):
+            if alert["attributes"][sc.ALERT_KIND] == kind and alert["attributes"][sc.ALERT_SOURCE] == source:
+                return alert
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} alert from the {source} in {path}: {alerts(path)}")
+
+
+def test_a_process_frozen_with_the_gil_held_is_reported_while_frozen(tmp_path: Path) -> None:
+    process = start_script(
+        """
+        import ctypes, otel_training
+        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.5, watchdog=True,
+                                signal_hooks=False)
+        trainer = otel_training.TrainerProcess()
+        with trainer.epoch(epoch=3):
+            with trainer.step(global_step=1):
+                pass
+            with trainer.step(global_step=2) as step:
+                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
+                ctypes.PyDLL(None).sleep(6)   # libc sleep through PyDLL: the GIL stays held
+        """,
+        tmp_path,
+    )
+    try:
+        span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+        started = time.monotonic()
+        trace = tmp_path / "traces" / "traces-r0.jsonl"
+        alert = wait_for_alert(trace, sc.ALERT_KIND_STUCK, sc.ALERT_SOURCE_WATCHDOG)
+        # Reported while the process was still frozen (the in-process detector could not run).
+        assert time.monotonic() - started < 4.0
+        assert process.poll() is None
+        assert not [a for a in alerts(trace) if a["attributes"][sc.ALERT_SOURCE] == sc.ALERT_SOURCE_PROCESSOR]
+    finally:
+        out, err = process.communicate(timeout=30)
+    attributes = alert["attributes"]
+    assert attributes[sc.ALERT_SPAN_ID] == span_id and alert["parent_id"] == span_id
+    assert alert["links"][0]["span_id"] == span_id
+    assert attributes[sc.STEP] == 2 and attributes[sc.EPOCH] == 3
+    assert attributes[sc.ALERT_SPAN_NAME] == sc.SPAN_STEP
+    assert attributes[sc.ALERT_THRESHOLD_S] == 0.5
+    assert attributes[sc.ALERT_ELAPSED_S] >= 0.5 + 1.0  # threshold + grace
+    assert attributes[sc.ALERT_PID] == process.pid
+    # The training process's resource, not the watchdog's.
+    assert alert["resource"][sc.PROCESS_PID] == process.pid
+    # py-spy is installed in the test environment: the frozen process's stack, seen from outside.
+    assert attributes.get(sc.ALERT_STACKS_SOURCE) == "py-spy", attributes.get(sc.ALERT_STACKS_ERROR)
+    assert "train.py" in attributes[sc.ALERT_STACKS]
+    assert process.returncode == 0, err
+
+
+def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
+    process = start_script(
+        """
+        import time, otel_training
+        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=60, watchdog=True,
+                                signal_hooks=False)
+        trainer = otel_training.TrainerProcess()
+        with trainer.epoch(epoch=0):
+            with trainer.step(global_step=7) as step:
+                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
+                time.sleep(60)
+        """,
+        tmp_path,
+    )
+    span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=10)
+    alert = wait_for_alert(tmp_path / "traces" / "traces-r0.jsonl", sc.ALERT_KIND_DIED, sc.ALERT_SOURCE_WATCHDOG)
+    assert alert["parent_id"] == span_id
+    assert alert["attributes"][sc.STEP] == 7 and alert["attributes"][sc.EPOCH] == 0
+    assert alert["resource"][sc.PROCESS_PID] == process.pid
+
+
+def test_a_clean_exit_raises_nothing_and_the_watchdog_leaves(tmp_path: Path) -> None:
+    process = start_script(
+        """
+        import otel_training
+        telemetry = otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=5,
+                                            watchdog=True)
+        trainer = otel_training.TrainerProcess()
+        for step in range(20):
+            with trainer.step(global_step=step):
+                pass
+        print(telemetry.stuck._slot.process.pid, flush=True)
+        """,
+        tmp_path,
+    )
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    watchdog_pid = int(out.strip())
+    deadline = time.monotonic() + 5
+    while not gone(watchdog_pid):
+        assert time.monotonic() < deadline, "the watchdog outlived a clean exit"
+        time.sleep(0.02)
+    assert alerts(tmp_path / "traces" / "traces-r0.jsonl") == []
+
+
+def test_slot_round_trip_and_alerted_marker(tmp_path: Path) -> None:
+    provider = TracerProvider()
+    tracer = provider.get_tracer("t")
+    writer = SlotWriter(tmp_path / "slot")
+    reader = SlotReader(tmp_path / "slot")
+    with tracer.start_as_current_span(sc.SPAN_EPOCH, attributes={sc.EPOCH: 4}):
+        from opentelemetry.context import get_current
+
+        span = tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 99})
+        writer.begin(span, get_current(), time.monotonic(), 2.5)
+    state = reader.read()
+    context = span.get_span_context()
+    assert state.open and state.pid == os.getpid()
+    assert (state.trace_id, state.span_id, state.name) == (context.trace_id, context.span_id, sc.SPAN_STEP)
+    assert (state.step, state.epoch, state.threshold_ns) == (99, 4, 2_500_000_000)
+    writer.alerted(context.span_id)
+    assert reader.read().alerted_span_id == context.span_id
+    writer.end(context.span_id)
+    assert not reader.read().open
+    writer.close()
+    assert reader.read().state == STATE_CLOSED
+
+
+def test_missing_py_spy_is_said_in_the_alert(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(monitor, "find_py_spy", lambda: None)
+    stacks, error = monitor.py_spy_stacks(os.getpid())
+    assert stacks is None and "py-spy not found" in error
