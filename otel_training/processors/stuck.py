@@ -240,6 +240,10 @@ class StuckSpanProcessor(SpanProcessor):
                 return ThresholdLearner(name, fixed, first, self._adaptive)
         return None
 
+    def add_callback(self, callback: Callable[[StuckEvent], Any]) -> None:
+        """Also call ``callback(event)`` on every alert (for code that did not build the processor)."""
+        self._callbacks.append(callback)
+
     def threshold_for(self, name: str) -> Threshold | None:
         """The threshold the next span named ``name`` gets, or None if it is not watched."""
         learner = self._learner_for(name)
