@@ -1,0 +1,37 @@
+"""Spans recorded after the fact, for work whose boundaries are known only once it is over.
+
+Gradient-accumulation substeps are known to be substeps only when the second
+backward pass of a step arrives, and a Hugging Face checkpoint save is reported
+only after it is written; both are emitted with their measured start and end
+times, as children of the span they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span
+
+from otel_training import semconv as sc
+from otel_training.events.runtime import runtime
+
+
+def record_span(
+    name: str,
+    event_name: str,
+    start_ns: int,
+    end_ns: int,
+    attributes: Mapping[str, Any],
+    parent: Span | None = None,
+    target: str = sc.TARGET_TRAINER,
+) -> None:
+    """Emit a finished span ``[start_ns, end_ns]`` (wall-clock ns) under ``parent`` (or the current span)."""
+    rt = runtime()
+    attrs = {sc.EVENT_TARGET: target, sc.EVENT_NAME: event_name}
+    attrs.update(attributes)
+    context = trace_api.set_span_in_context(parent) if parent is not None else None
+    span = rt.tracer.start_span(name, context=context, attributes=attrs, start_time=start_ns)
+    rt.charge(span.get_span_context().trace_id)
+    span.end(end_time=max(end_ns, start_ns))

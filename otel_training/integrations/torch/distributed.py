@@ -1,0 +1,77 @@
+"""``torch.distributed`` process-group setup, barriers and teardown as spans.
+
+Rendezvous and the first collective are where multi-node jobs hang or wait
+longest, so they get spans with the backend, rank and world size. The rank and
+world size also reach the resource, through the launcher's RANK/WORLD_SIZE
+variables that ``configure()`` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training._contain import contained
+from otel_training.integrations.torch.steps import SOURCE, StepTracker
+
+#: Span name of each wrapped ``torch.distributed`` function, and whether it is
+#: an iteration boundary (setup and teardown close a finished step first).
+FUNCTIONS: dict[str, tuple[str, bool]] = {
+    "init_process_group": (sc.SPAN_DISTRIBUTED_INIT, True),
+    "barrier": (sc.SPAN_DISTRIBUTED_BARRIER, False),
+    "destroy_process_group": (sc.SPAN_DISTRIBUTED_DESTROY, True),
+}
+
+
+@contained(default=None)
+def _group_attributes() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    return {
+        sc.DISTRIBUTED_BACKEND: str(dist.get_backend()),
+        sc.DISTRIBUTED_RANK: dist.get_rank(),
+        sc.DISTRIBUTED_WORLD_SIZE: dist.get_world_size(),
+    }
+
+
+def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
+    span_name, boundary = FUNCTIONS[function]
+
+    def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        token = _begin(tracker, span_name, boundary, function, args, kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as error:
+            tracker.span_end(token, error)
+            raise
+        _end(tracker, token, function)
+        return result
+
+    return wrap
+
+
+@contained(default=None)
+def _begin(tracker: StepTracker, span_name: str, boundary: bool, function: str,
+           args: tuple, kwargs: dict[str, Any]) -> Any:
+    attributes: dict[str, Any] = {sc.INSTRUMENTATION_SOURCE: SOURCE}
+    if function == "init_process_group":
+        backend = args[0] if args else kwargs.get("backend")
+        if backend is not None:
+            attributes[sc.DISTRIBUTED_BACKEND] = str(backend)
+        for key, name in (("rank", sc.DISTRIBUTED_RANK), ("world_size", sc.DISTRIBUTED_WORLD_SIZE)):
+            value = kwargs.get(key)
+            if isinstance(value, int) and value >= 0:
+                attributes[name] = value
+    else:
+        attributes.update(_group_attributes() or {})
+    return tracker.span_begin(tracker.trainer.duration(span_name, attributes), boundary)
+
+
+@contained(default=None)
+def _end(tracker: StepTracker, token: Any, function: str) -> None:
+    if token is not None and function == "init_process_group":
+        token[0].extra_args(**(_group_attributes() or {}))
+    tracker.span_end(token)

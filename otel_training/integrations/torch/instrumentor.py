@@ -1,0 +1,168 @@
+"""``TorchInstrumentor``: zero-code spans for an unmodified PyTorch training script.
+
+An ``opentelemetry-instrumentation`` ``BaseInstrumentor``, so it is found by
+``opentelemetry-instrument`` through the ``opentelemetry_instrumentor`` entry
+point as well as by ``otel-training run``. It installs torch's global optimizer
+step hooks and wraps (with ``wrapt``) the DataLoader iterator, backward,
+``GradScaler.step``, ``torch.save``/``torch.load``, distributed checkpoints and
+process-group setup; ``uninstrument()`` removes every one of them.
+
+When torch is not imported yet, instrumenting waits for its import (a post-import
+hook), so a launcher can instrument at interpreter start without paying torch's
+import time in programs that never use it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection
+from typing import Any
+
+import wrapt
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
+
+from otel_training._contain import contained, log_once
+
+_DATALOADER_ITER = "torch.utils.data.dataloader"
+_DCP = "torch.distributed.checkpoint"
+
+
+class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Steps, data waits, checkpoints and process-group setup of a PyTorch loop as spans."""
+
+    #: The step tracker while instrumented (framework callbacks suspend it).
+    tracker: Any = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("torch >= 2.1",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        # A generation number lets a pending post-import hook notice uninstrument().
+        self._generation = getattr(self, "_generation", 0) + 1
+        self._undo: list[Callable[[], None]] = []
+        generation = self._generation
+        if "torch" in sys.modules:
+            self._patch_torch()
+        else:
+            wrapt.register_post_import_hook(lambda module: self._when_imported(generation, self._patch_torch), "torch")
+
+    def _when_imported(self, generation: int, patch: Callable[[], None]) -> None:
+        if generation == getattr(self, "_generation", None) and self.is_instrumented_by_opentelemetry:
+            contained()(patch)()
+
+    def _wrap(self, module: Any, name: str, wrapper: Callable[..., Any]) -> None:
+        """``wrapt``-wrap ``module.name`` (a dotted name for a method) and remember how to undo it."""
+        owner_path, _, attribute = name.rpartition(".")
+        owner = module
+        for part in owner_path.split(".") if owner_path else ():
+            owner = getattr(owner, part)
+        wrapt.wrap_function_wrapper(module, name, wrapper)
+        self._undo.append(lambda: unwrap(owner, attribute))
+
+    def _patch_torch(self) -> None:
+        import torch
+        import torch.optim.optimizer as optimizer_module
+        import torch.utils.data.dataloader  # noqa: F401 - the iterator class below
+
+        from otel_training.integrations.torch import checkpoint, distributed
+        from otel_training.integrations.torch.steps import StepTracker
+
+        tracker = StepTracker()
+        TorchInstrumentor.tracker = tracker
+        self._undo.append(tracker.shutdown)
+        for register, hook in (
+            (optimizer_module.register_optimizer_step_pre_hook, tracker.optimizer_pre),
+            (optimizer_module.register_optimizer_step_post_hook, tracker.optimizer_post),
+        ):
+            self._undo.append(register(hook).remove)
+        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker))
+        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker))
+        self._wrap(torch.amp.grad_scaler, "GradScaler.step", _scaler_wrapper(tracker))
+        self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
+        self._wrap(torch, "load", checkpoint.load_wrapper(tracker))
+        if torch.distributed.is_available():
+            for function in distributed.FUNCTIONS:
+                self._wrap(torch.distributed, function, distributed.wrapper(tracker, function))
+            generation = self._generation
+
+            def patch_dcp() -> None:
+                dcp = sys.modules[_DCP]
+                self._wrap(dcp, "save", checkpoint.dcp_wrapper(tracker, save=True))
+                self._wrap(dcp, "load", checkpoint.dcp_wrapper(tracker, save=False))
+
+            if _DCP in sys.modules:
+                patch_dcp()
+            else:
+                wrapt.register_post_import_hook(lambda module: self._when_imported(generation, patch_dcp), _DCP)
+        tracker._arm_forward()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._generation = getattr(self, "_generation", 0) + 1
+        for undo in reversed(getattr(self, "_undo", [])):
+            try:
+                undo()
+            except Exception:  # noqa: BLE001
+                log_once("torch-uninstrument", "otel_training: could not undo a torch patch")
+        self._undo = []
+        TorchInstrumentor.tracker = None
+
+
+def suspend_steps() -> Callable[[], None]:
+    """Stop the torch step spans while a framework callback emits its own; returns the undo.
+
+    Data-wait, checkpoint and distributed spans stay on. A no-op when torch is
+    not instrumented.
+    """
+    tracker = TorchInstrumentor.tracker
+    if tracker is None:
+        return lambda: None
+    previous = tracker.suspended
+    tracker.close()
+    tracker.suspended = True
+    tracker._disarm_forward()
+
+    def undo() -> None:
+        tracker.suspended = previous
+        if not previous:
+            tracker._arm_forward()
+
+    return undo
+
+
+# -- wrappers (each calls the original outside any try that could swallow its errors)
+
+
+def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        token = tracker.fetch_begin(instance)
+        try:
+            batch = wrapped(*args, **kwargs)
+        except BaseException as error:
+            tracker.span_end(token, error)
+            raise
+        tracker.span_end(token)
+        return batch
+
+    return wrapper
+
+
+def _backward_wrapper(tracker: Any) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        tracker.backward_begin()
+        result = wrapped(*args, **kwargs)
+        tracker.backward_end()
+        return result
+
+    return wrapper
+
+
+def _scaler_wrapper(tracker: Any) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        before = tracker.optimizer_calls
+        result = wrapped(*args, **kwargs)
+        if tracker.optimizer_calls == before:
+            tracker.scaler_skipped(args[0] if args else kwargs.get("optimizer"))
+        return result
+
+    return wrapper

@@ -1,0 +1,272 @@
+"""One ``training.step`` span per training iteration of an unmodified PyTorch loop.
+
+``optimizer.step()`` is a few milliseconds of a step that is mostly data fetch,
+forward and backward, so the span cannot be the optimizer call. It opens when
+the iteration begins (the first ``DataLoader`` fetch, forward pass of a module
+in training mode, or backward pass after the previous step ended) and closes
+at the iteration's last optimizer step, seen through torch's global optimizer
+hooks, which every optimizer subclass calls.
+
+What makes this harder than a pre/post pair:
+
+- gradient accumulation: several fetch/forward/backward rounds per optimizer
+  step. Backward passes are counted (``training.step.substeps``) and, when
+  there are two or more, emitted as ``training.substep`` children;
+- several optimizers stepping in one iteration (GANs, sparse + dense): the step
+  stays open after an optimizer step until the iteration's next boundary (the
+  next fetch, or forward/backward when no DataLoader drives the loop). The set
+  of optimizers seen in a complete iteration is remembered, so later steps
+  close at the last one's post-hook;
+- AMP's ``GradScaler`` skipping ``optimizer.step()`` on inf/NaN gradients: no
+  optimizer hook fires, so the scaler's ``step`` is watched too and a skipped
+  step closes with ``training.step.skipped``.
+
+The step span is begun in a private copy of the training thread's context: it
+nests under the user's current span (epoch, train) and the data-wait spans nest
+under it, but it never becomes the current span of the user's code, so a step
+closed at an odd moment cannot leave the user's context in a wrong state.
+
+Only one thread drives steps: the first thread that begins one. Every entry
+point here is contained: an internal error is logged once, never raised into
+the training loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from otel_training import semconv as sc
+from otel_training._contain import contained
+from otel_training.events.duration import Duration
+from otel_training.events.predefined import TrainerProcess
+from otel_training.events.runtime import runtime
+from otel_training.integrations.spans import record_span
+
+SOURCE = "torch"
+
+#: A begun span and the step context it was begun in (None: the caller's context).
+Token = tuple[Duration, "contextvars.Context | None"]
+
+
+class StepTracker:
+    """The step state machine; the instrumentor feeds it hook calls."""
+
+    def __init__(self) -> None:
+        self.trainer = TrainerProcess()
+        #: Set by framework callbacks that emit their own step spans.
+        self.suspended = False
+        #: ``optimizer.step()`` calls in any thread (tells a GradScaler skip apart).
+        self.optimizer_calls = 0
+        self._owner: int | None = None
+        self._number = 0
+        self._step: Duration | None = None
+        self._ctx: contextvars.Context | None = None
+        self._expected: frozenset[int] | None = None
+        self._just_closed = False
+        self._forward_handle: Any = None
+        self._telemetry: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._start_ns = 0
+        self._backward_ends: list[int] = []
+        self._stepped: set[int] = set()
+        self._optimizer_steps = 0
+        self._fetched = False
+        self._complete = False
+
+    # -- ownership ----------------------------------------------------------
+    def _mine(self) -> bool:
+        if self.suspended:
+            return False
+        ident = threading.get_ident()
+        if self._owner is None:
+            self._owner = ident
+        return ident == self._owner
+
+    @property
+    def open(self) -> bool:
+        return self._step is not None
+
+    # -- opening and closing ----------------------------------------------
+    def _open(self) -> None:
+        self._disarm_forward()
+        self._just_closed = False
+        rt = runtime()
+        if rt.telemetry is not self._telemetry:
+            self._telemetry = rt.telemetry
+            rt.telemetry.on_shutdown(self.close)
+        step = self.trainer.step(global_step=self._number)
+        step.extra_args(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+        ctx = contextvars.copy_context()
+        ctx.run(step.begin)
+        self._start_ns = time.time_ns()
+        self._step, self._ctx = step, ctx
+
+    @contained(default=None)
+    def close(self) -> None:
+        """End the open step (also called on shutdown and uninstrument)."""
+        step, ctx = self._step, self._ctx
+        if step is None or ctx is None:
+            return
+        self._step = self._ctx = None
+        if self._complete and self._expected is None:
+            self._expected = frozenset(self._stepped)
+        substeps = len(self._backward_ends)
+        step.extra_args(**{
+            sc.STEP_SUBSTEPS: substeps,
+            sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
+            sc.STEP_SKIPPED: self._optimizer_steps == 0,
+        })
+        if substeps >= 2:
+            start = self._start_ns
+            for index, end in enumerate(self._backward_ends):
+                record_span(sc.SPAN_SUBSTEP, "#substep", start, end,
+                            {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span)
+                start = end
+        ctx.run(step.end)
+        self._number += 1
+        self._reset()
+        self._just_closed = True
+        self._arm_forward()
+
+    def _boundary(self, fetch: bool) -> None:
+        """A new iteration may begin here: close a step waiting for its boundary."""
+        if self._step is not None and self._complete and (fetch or not self._fetched):
+            self.close()
+
+    # -- the forward pre-hook, armed only while no step is open -------------
+    def _arm_forward(self) -> None:
+        if self._forward_handle is None and not self.suspended:
+            self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
+
+    def _disarm_forward(self) -> None:
+        handle, self._forward_handle = self._forward_handle, None
+        if handle is not None:
+            handle.remove()
+
+    @contained(default=None)
+    def _on_forward(self, module: Any, args: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()) or not self._mine():
+            return
+        if self._step is not None:
+            if self._fetched:  # a DataLoader drives the loop: forward is no boundary
+                self._disarm_forward()
+                return
+            self._boundary(fetch=False)
+        if self._step is None:
+            self._open()
+
+    # -- hook entry points ----------------------------------------------------
+    @contained(default=None)
+    def fetch_begin(self, iterator: Any) -> Token | None:
+        """Before ``DataLoader`` hands out a batch; returns the data-wait span to end."""
+        exhausted = _exhausted(iterator)
+        if self._mine():
+            self._boundary(fetch=True)
+            if self._step is None and torch.is_grad_enabled() and not exhausted:
+                self._open()
+            self._fetched = self._step is not None
+        if exhausted:  # the fetch only raises StopIteration: no wait, no span
+            return None
+        return self._begin_in_step(self.trainer.duration(sc.SPAN_DATA_WAIT, {sc.INSTRUMENTATION_SOURCE: SOURCE}))
+
+    @contained(default=None)
+    def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
+        """Begin a checkpoint or distributed span: inside the step in progress, or after
+        closing a step that only waited for its boundary (``boundary=True``)."""
+        if boundary and self._mine():
+            self._boundary(fetch=True)
+        return self._begin_in_step(duration)
+
+    def _begin_in_step(self, duration: Duration) -> Token:
+        ctx = self._ctx
+        if ctx is not None and threading.get_ident() == self._owner:
+            ctx.run(duration.begin)
+            return duration, ctx
+        duration.begin()
+        return duration, None
+
+    @contained(default=None)
+    def span_end(self, token: Token | None, error: BaseException | None = None) -> None:
+        if token is None:
+            return
+        duration, ctx = token
+        if error is not None and not isinstance(error, StopIteration):
+            end: Callable[[], None] = lambda: duration.fail(error)  # noqa: E731
+        else:
+            end = duration.end
+        if ctx is not None:
+            ctx.run(end)
+        else:
+            end()
+
+    @contained(default=None)
+    def backward_begin(self) -> None:
+        if not self._mine():
+            return
+        self._boundary(fetch=False)
+        if self._step is None:
+            self._open()
+
+    @contained(default=None)
+    def backward_end(self) -> None:
+        if self._step is not None and self._mine():
+            self._backward_ends.append(time.time_ns())
+
+    @contained(default=None)
+    def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_calls += 1
+        if not self._mine() or self._step is not None:
+            return
+        if not self._just_closed:
+            self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
+
+    @contained(default=None)
+    def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._mine():
+            return
+        self._stepped_once(optimizer, skipped=False)
+
+    @contained(default=None)
+    def scaler_skipped(self, optimizer: Any) -> None:
+        """``GradScaler.step`` returned without calling ``optimizer.step()``."""
+        if self._mine():
+            self._stepped_once(optimizer, skipped=True)
+
+    def _stepped_once(self, optimizer: Any, skipped: bool) -> None:
+        key = id(optimizer)
+        if self._step is None:
+            # An optimizer stepping right after the step closed belongs to that
+            # iteration: remember it so later steps wait for it.
+            if self._just_closed:
+                self._expected = (self._expected or frozenset()) | {key}
+            return
+        self._stepped.add(key)
+        if not skipped:
+            self._optimizer_steps += 1
+        self._complete = True
+        if self._expected is not None and self._stepped >= self._expected:
+            self.close()
+        elif not self._fetched:
+            self._arm_forward()
+
+    def shutdown(self) -> None:
+        self.close()
+        self._disarm_forward()
+
+
+def _exhausted(iterator: Any) -> bool:
+    """True when a sized DataLoader iterator has nothing left (the fetch will raise StopIteration)."""
+    try:
+        return iterator._num_yielded >= len(iterator)
+    except Exception:  # noqa: BLE001 - iterable datasets have no length
+        return False
+
+

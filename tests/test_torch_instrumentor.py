@@ -1,0 +1,309 @@
+"""TorchInstrumentor on real torch (CPU): steps, substeps, data waits, checkpoints, uninstrument."""
+
+from __future__ import annotations
+
+import io
+import socket
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.optim.optimizer as optimizer_module  # noqa: E402
+import torch.utils.data.dataloader as dataloader_module  # noqa: E402
+from otlp_json import read_spans  # noqa: E402
+
+from otel_training import semconv as sc  # noqa: E402
+from otel_training.integrations.torch import TorchInstrumentor  # noqa: E402
+
+
+@pytest.fixture
+def instrumented(configure):
+    telemetry = configure()
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument()
+    yield telemetry
+    instrumentor.uninstrument()
+
+
+def spans_of(telemetry) -> list[dict]:
+    assert telemetry.force_flush(5).completed
+    return read_spans(telemetry.trace_path)
+
+
+def named(spans: list[dict], name: str) -> list[dict]:
+    return sorted((s for s in spans if s["name"] == name), key=lambda s: s["start"])
+
+
+def make_loader(batches: int, batch_size: int = 4) -> torch.utils.data.DataLoader:
+    data = torch.utils.data.TensorDataset(torch.randn(batches * batch_size, 8), torch.randn(batches * batch_size, 1))
+    return torch.utils.data.DataLoader(data, batch_size=batch_size)
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def test_one_numbered_step_span_per_iteration_covering_the_data_wait(instrumented):
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters())
+    for _epoch in range(2):
+        for x, y in make_loader(5):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+
+    spans = spans_of(instrumented)
+    steps = named(spans, sc.SPAN_STEP)
+    assert [s["attributes"][sc.STEP] for s in steps] == list(range(10))
+    assert all(s["attributes"][sc.STEP_SUBSTEPS] == 1 for s in steps)
+    assert all(s["attributes"][sc.STEP_SKIPPED] is False for s in steps)
+    assert all(s["attributes"][sc.INSTRUMENTATION_SOURCE] == "torch" for s in steps)
+    waits = named(spans, sc.SPAN_DATA_WAIT)
+    assert len(waits) == 10  # the fetch that only raises StopIteration is no wait
+    step_ids = {s["span_id"]: s for s in steps}
+    for wait in waits:
+        step = step_ids[wait["parent_id"]]
+        assert step["start"] <= wait["start"] and wait["end"] <= step["end"]
+    # Steps do not overlap: each ends before the next begins.
+    for before, after in zip(steps, steps[1:]):
+        assert before["end"] <= after["start"]
+
+
+def test_gradient_accumulation_gives_substeps(instrumented):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    accumulation = 3
+    for index, (x, y) in enumerate(make_loader(12)):
+        (torch.nn.functional.mse_loss(model(x), y) / accumulation).backward()
+        if (index + 1) % accumulation == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    spans = spans_of(instrumented)
+    steps = named(spans, sc.SPAN_STEP)
+    assert len(steps) == 4
+    assert [s["attributes"][sc.STEP_SUBSTEPS] for s in steps] == [3, 3, 3, 3]
+    for step in steps:
+        substeps = [s for s in named(spans, sc.SPAN_SUBSTEP) if s["parent_id"] == step["span_id"]]
+        assert [s["attributes"][sc.SUBSTEP] for s in substeps] == [0, 1, 2]
+        assert all(step["start"] <= s["start"] <= s["end"] <= step["end"] for s in substeps)
+        assert sum(1 for w in named(spans, sc.SPAN_DATA_WAIT) if w["parent_id"] == step["span_id"]) == 3
+
+
+def test_several_optimizers_in_one_iteration_make_one_step(instrumented):
+    model = make_model()
+    first = torch.optim.SGD(model[0].parameters(), lr=0.01)
+    second = torch.optim.Adam(model[2].parameters())
+    for x, y in make_loader(6):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        first.step()
+        second.step()
+        first.zero_grad()
+        second.zero_grad()
+
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert len(steps) == 6
+    assert all(s["attributes"][sc.STEP_OPTIMIZER_STEPS] == 2 for s in steps)
+
+
+def test_gan_style_loop_with_backward_between_optimizers_is_one_step_per_batch(instrumented):
+    generator, critic = make_model(), make_model()
+    opt_g, opt_c = torch.optim.SGD(generator.parameters(), lr=0.01), torch.optim.SGD(critic.parameters(), lr=0.01)
+    for x, _y in make_loader(5):
+        critic(x).mean().backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        generator(x).mean().backward()
+        opt_g.step()
+        opt_g.zero_grad()
+
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert len(steps) == 5
+    assert all(s["attributes"][sc.STEP_SUBSTEPS] == 2 and s["attributes"][sc.STEP_OPTIMIZER_STEPS] == 2
+               for s in steps)
+
+
+def test_grad_scaler_skip_is_marked_and_ends_at_the_iteration_boundary(instrumented):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    for index, (x, y) in enumerate(make_loader(4)):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if index == 2:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert [s["attributes"][sc.STEP_SKIPPED] for s in steps] == [False, False, True, False]
+    assert [s["attributes"][sc.STEP_OPTIMIZER_STEPS] for s in steps] == [1, 1, 0, 1]
+
+
+def test_loop_without_dataloader_opens_steps_at_the_forward_pass(instrumented):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    for _ in range(7):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():  # evaluation: no steps
+        for _ in range(3):
+            model(x)
+
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert len(steps) == 7
+    assert [s["attributes"][sc.STEP] for s in steps] == list(range(7))
+
+
+def test_evaluation_under_no_grad_creates_no_step(instrumented):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in make_loader(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        for x, _ in make_loader(4):
+            model(x)
+
+    spans = spans_of(instrumented)
+    assert len(named(spans, sc.SPAN_STEP)) == 3
+    evaluation_waits = [w for w in named(spans, sc.SPAN_DATA_WAIT) if not w["parent_id"]]
+    assert len(evaluation_waits) == 4
+
+
+def test_steps_nest_under_the_users_epoch_span(instrumented):
+    from otel_training import TrainerProcess
+
+    trainer = TrainerProcess()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with trainer.epoch(epoch=0) as epoch:
+        for x, y in make_loader(3):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        trainer.log(loss=1.0)
+    epoch_id = format(epoch.span.get_span_context().span_id, "016x")
+
+    spans = spans_of(instrumented)
+    steps = named(spans, sc.SPAN_STEP)
+    assert len(steps) == 3 and all(s["parent_id"] == epoch_id for s in steps)
+    # The user's own event landed on the epoch, not on a step that ended earlier.
+    epoch_span = next(s for s in spans if s["span_id"] == epoch_id)
+    assert [e["name"] for e in epoch_span["events"]] == ["#log"]
+
+
+def test_save_and_load_are_checkpoint_spans_with_path_and_bytes(instrumented, tmp_path: Path):
+    model = make_model()
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    torch.load(path)
+
+    spans = spans_of(instrumented)
+    saves = named(spans, sc.SPAN_SAVE_CHECKPOINT)
+    assert len(saves) == 2
+    assert saves[0]["attributes"][sc.CHECKPOINT_PATH] == str(path)
+    assert saves[0]["attributes"][sc.CHECKPOINT_BYTES] == path.stat().st_size
+    assert saves[1]["attributes"][sc.CHECKPOINT_BYTES] == len(buffer.getvalue())
+    (load,) = named(spans, sc.SPAN_LOAD_CHECKPOINT)
+    assert load["attributes"][sc.CHECKPOINT_PATH] == str(path)
+    assert load["attributes"][sc.CHECKPOINT_BYTES] == path.stat().st_size
+
+
+def test_failed_save_is_an_error_span_and_raises_unchanged(instrumented, tmp_path: Path):
+    with pytest.raises(RuntimeError):
+        torch.save({"x": 1}, tmp_path / "missing-dir" / "model.pt")
+    (save,) = named(spans_of(instrumented), sc.SPAN_SAVE_CHECKPOINT)
+    assert save["status"].get("code") == 2  # ERROR
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_distributed_checkpoint_and_process_group_spans(instrumented, tmp_path: Path):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        dist.barrier()
+        state = {"model": make_model().state_dict()}
+        dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+        dcp.load(state, checkpoint_id=str(tmp_path / "dcp"))
+    finally:
+        dist.destroy_process_group()
+
+    spans = spans_of(instrumented)
+    (init,) = named(spans, sc.SPAN_DISTRIBUTED_INIT)
+    assert init["attributes"][sc.DISTRIBUTED_BACKEND] == "gloo"
+    assert init["attributes"][sc.DISTRIBUTED_WORLD_SIZE] == 1
+    assert len(named(spans, sc.SPAN_DISTRIBUTED_BARRIER)) == 1
+    assert len(named(spans, sc.SPAN_DISTRIBUTED_DESTROY)) == 1
+    (save,) = named(spans, sc.SPAN_SAVE_CHECKPOINT)  # DCP's inner torch.save is part of it
+    assert save["attributes"][sc.CHECKPOINT_FORMAT] == "torch.distributed.checkpoint"
+    total = sum(f.stat().st_size for f in (tmp_path / "dcp").rglob("*") if f.is_file())
+    assert save["attributes"][sc.CHECKPOINT_BYTES] == total > 0
+    (load,) = named(spans, sc.SPAN_LOAD_CHECKPOINT)
+    assert load["attributes"][sc.CHECKPOINT_PATH] == str(tmp_path / "dcp")
+
+
+def test_uninstrument_restores_everything(configure):
+    import torch.distributed as dist
+
+    telemetry = configure()
+    originals = {
+        "save": torch.save, "load": torch.load, "backward": torch.autograd.backward,
+        "next": dataloader_module._BaseDataLoaderIter.__next__,
+        "scaler": torch.amp.GradScaler.step, "init": dist.init_process_group, "barrier": dist.barrier,
+    }
+    pre, post = dict(optimizer_module._global_optimizer_pre_hooks), dict(optimizer_module._global_optimizer_post_hooks)
+    forward_hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument()
+    assert torch.save is not originals["save"]
+    assert len(optimizer_module._global_optimizer_pre_hooks) == len(pre) + 1
+    instrumentor.uninstrument()
+
+    assert torch.save is originals["save"] and torch.load is originals["load"]
+    assert torch.autograd.backward is originals["backward"]
+    assert dataloader_module._BaseDataLoaderIter.__next__ is originals["next"]
+    assert torch.amp.GradScaler.step is originals["scaler"]
+    assert dist.init_process_group is originals["init"] and dist.barrier is originals["barrier"]
+    assert dict(optimizer_module._global_optimizer_pre_hooks) == pre
+    assert dict(optimizer_module._global_optimizer_post_hooks) == post
+    assert dict(torch.nn.modules.module._global_forward_pre_hooks) == forward_hooks
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in make_loader(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    assert telemetry.force_flush(5).completed
+    path = telemetry.trace_path
+    assert not path.exists() or not Counter(s["name"] for s in read_spans(path))[sc.SPAN_STEP]
+
+
+def test_instrumentation_errors_never_reach_the_training_loop(instrumented, monkeypatch):
+    from otel_training.integrations.torch import steps
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("instrumentation bug")
+
+    monkeypatch.setattr(steps.StepTracker, "_open", broken)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in make_loader(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    assert model[0].weight.grad is not None
