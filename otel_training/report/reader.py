@@ -120,9 +120,10 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
 
 def _line_problem(line: bytes, error: Exception) -> str:
     if isinstance(error, json.JSONDecodeError):
-        if not line.rstrip().endswith(b"}"):
-            return f"truncated JSON line ({error.msg} at column {error.colno}); skipped"
-        return f"not JSON ({error.msg} at column {error.colno}); skipped"
+        # JSON that ends before its document does was cut short (a crash mid-write).
+        if error.pos >= len(line.rstrip()) or error.msg.startswith("Unterminated string"):
+            return f"truncated JSON line ({error.msg} at column {error.pos + 1}); skipped"
+        return f"not JSON ({error.msg} at column {error.pos + 1}); skipped"
     if isinstance(error, UnicodeDecodeError):
         return "not text (invalid UTF-8); skipped"
     return f"malformed OTLP span ({type(error).__name__}: {error}); skipped"

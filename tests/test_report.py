@@ -1,0 +1,191 @@
+"""``otel-training report`` on the crafted job: files, damaged input, Chrome trace, Jaeger API, a real subprocess."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_training import semconv as sc
+from otel_training.report import build_report, read_paths, render_summary, write_chrome_trace
+from otel_training.report.jaeger import fetch
+
+import goodput_traces as crafted
+
+
+def _check_crafted(report: Any) -> None:
+    for label, expected in crafted.EXPECTED_SECONDS.items():
+        assert report.goodput.seconds.get(label, 0.0) == pytest.approx(expected, abs=1e-6), label
+    assert report.goodput.goodput == pytest.approx(crafted.EXPECTED_GOODPUT)
+    assert report.straggler_ranks == [1]
+    assert report.ideal_step_s == pytest.approx(2.0)
+    assert report.rank_steps[1].mean_deviation == pytest.approx(2.0)
+    assert report.rank_steps[0].mean_deviation == pytest.approx(66 / 29 - 2)
+
+
+def test_files_of_all_ranks_and_restarts_give_the_hand_computed_figures(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    result = read_paths([tmp_path / "traces"])
+    assert result.problems == []
+    assert len(result.records) == len(crafted.SPANS)
+    report = build_report(result.records, result.problems)
+    _check_crafted(report)
+    (stuck, recovered) = report.alerts
+    assert (stuck.kind, stuck.rank, stuck.elapsed_s, stuck.threshold_s) == ("stuck", 0, 5.0, 3.0)
+    assert "all_reduce" in stuck.stacks
+    assert recovered.kind == "recovered"
+
+
+def test_command_line_in_a_subprocess(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    html, chrome = tmp_path / "out" / "report.html", tmp_path / "trace.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli.main", "report", str(tmp_path / "traces"),
+         "--html", str(html), "--chrome", str(chrome)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "goodput: 54.6% of 4.0 min accelerator time" in out
+    assert "stragglers: rank 1" in out
+    assert "wasted_progress         19.00 s" in out
+    assert "downtime                20.00 s" in out
+    assert "training.step stuck after 5.0 s (threshold 3.0 s)" in out
+    assert "File \"train.py\", line 42 in all_reduce" in out
+    assert html.read_text().startswith("<!DOCTYPE html>")
+    assert json.loads(chrome.read_text())["traceEvents"]
+
+
+def test_damaged_input_is_named_by_file_and_line_and_the_rest_is_used(tmp_path: Path) -> None:
+    r0, r1 = crafted.write_otlp(tmp_path / "traces")
+    # Rank 1's file: its last line (the second batch of run 1) cut short by a crash.
+    lines = r1.read_text().splitlines()
+    r1.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2] + "\n")
+    metrics = tmp_path / "metrics-r0.jsonl"
+    metrics.write_text(json.dumps({"resourceMetrics": []}) + "\n")
+    csv = tmp_path / "steps.csv"
+    csv.write_text("step,duration\n1,0.5\n")
+    binary = tmp_path / "blob.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    result = read_paths([tmp_path / "traces", metrics, csv, binary, empty, tmp_path / "missing"])
+    messages = [str(problem) for problem in result.problems]
+    assert f"{r1}:4: truncated JSON line" in "\n".join(messages)
+    assert f"{metrics}:1: OTLP metrics, not traces; skipped" in messages
+    assert any(message.startswith(f"{csv}:1: not JSON") for message in messages)
+    assert any(message.startswith(f"{binary}:1: ") for message in messages)
+    assert f"{empty}: no OTLP JSON trace files (*.jsonl, *.json) in this directory" in messages
+    assert f"{tmp_path / 'missing'}: no such file or directory" in messages
+    # Everything else is still there: rank 0 whole, rank 1 without its last batch.
+    lost = [span for span in crafted.SPANS if span["rank"] == 1 and span["restart"] == 1]
+    lost.sort(key=lambda span: span["end"])
+    assert len(result.records) == len(crafted.SPANS) - (len(lost) - len(lost) // 2)
+    report = build_report(result.records, result.problems)
+    assert {run.key.rank for run in report.goodput.runs} == {0, 1}
+    summary = render_summary(report)
+    assert "input problems (7); everything else was used:" in summary
+    assert f"{r1}:4: truncated JSON line" in summary
+
+
+def test_many_bad_lines_are_counted_not_listed(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("not json\n" * 50)
+    result = read_paths([path])
+    assert len(result.problems) == 5 + 1 + 1  # five listed, the count of the rest, "no spans found"
+    assert str(result.problems[5]) == f"{path}: 45 more unreadable line(s) not listed"
+
+
+def test_chrome_trace_has_ranks_as_processes_and_attributes_as_args(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    result = read_paths([tmp_path / "traces"])
+    out = tmp_path / "chrome.json"
+    assert write_chrome_trace(result.records, out) == len(crafted.SPANS)
+    events = json.loads(out.read_text())["traceEvents"]
+    spans = [event for event in events if event["ph"] == "X"]
+    assert {event["pid"] for event in spans} == {0, 1}
+    step = next(event for event in spans if event["name"] == sc.SPAN_STEP and event["pid"] == 1)
+    assert step["dur"] == pytest.approx(4e6)  # microseconds
+    assert step["args"][sc.TOKENS] == 1024 and "training.restart.count" in step["args"]
+    assert step["tid"] == 0
+    names = {event["pid"]: event["args"]["name"] for event in events if event["name"] == "process_name"}
+    assert names == {0: "rank 0 (crafted)", 1: "rank 1 (crafted)"}
+
+
+def test_progress_bar_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    read_paths([tmp_path / "traces"], progress=True)
+    assert "reading traces" in capsys.readouterr().err
+
+
+def _jaeger_payload() -> dict[str, Any]:
+    """The crafted job as Jaeger's /api/traces answers it: one trace per run, resource as process tags."""
+    traces = []
+    for rank in (0, 1):
+        for restart in (0, 1):
+            spans = [span for span in crafted.SPANS if span["rank"] == rank and span["restart"] == restart]
+            tags = [{"key": key, "type": "int64" if isinstance(value, int) else "string", "value": value}
+                    for key, value in crafted._resource(rank, restart).items() if key != sc.SERVICE_NAME]
+            traces.append({
+                "traceID": f"{rank}{restart}" * 8,
+                "processes": {"p1": {"serviceName": "crafted", "tags": tags}},
+                "spans": [{
+                    "traceID": f"{rank}{restart}" * 8, "spanID": span["span_id"], "operationName": span["name"],
+                    "references": [], "processID": "p1",
+                    "startTime": crafted._s(span["start"]) // 1000,
+                    "duration": int(round((span["end"] - span["start"]) * 1e6)),
+                    "tags": [{"key": key, "type": "float64" if isinstance(value, float) else
+                              "int64" if isinstance(value, int) else "string", "value": value}
+                             for key, value in span["attributes"].items()]
+                            + ([{"key": "otel.status_code", "type": "string", "value": "ERROR"}] if span["error"] else []),
+                } for span in spans],
+            })
+    return {"data": traces, "total": 0, "limit": 0, "offset": 0, "errors": None}
+
+
+@pytest.fixture
+def jaeger_api() -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP server answering Jaeger's query API (recording the request paths)."""
+    requests: list[str] = []
+    body = json.dumps(_jaeger_payload()).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            requests.append(self.path)
+            ok = self.path.startswith("/api/traces?")
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body if ok else b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_jaeger_query_api_gives_the_same_figures(jaeger_api: tuple[str, list[str]]) -> None:
+    url, requests = jaeger_api
+    records, problems = fetch(url, "crafted", limit=50)
+    assert problems == []
+    assert requests == ["/api/traces?service=crafted&limit=50"]
+    _check_crafted(build_report(records, problems))
+
+
+def test_jaeger_unreachable_is_a_problem_not_a_crash() -> None:
+    records, problems = fetch("http://127.0.0.1:9", "crafted", timeout_s=5)
+    assert records == []
+    assert "cannot reach Jaeger" in str(problems[0])
