@@ -28,6 +28,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--step-time", type=float, default=0.02, help="seconds of work per step (default: %(default)s)")
     parser.add_argument("--output-dir", default=None, help="trace directory (default: ./otel-traces)")
     parser.add_argument("--exporter", default=None, help="otlp, file, console or none (default: from the environment)")
+    parser.add_argument("--no-stuck", dest="stuck", action="store_false",
+                        help="do not inject a stuck step (by default one step hangs past the stuck threshold)")
+    parser.add_argument("--stuck-threshold", type=float, default=0.5,
+                        help="stuck-step threshold in seconds (default: %(default)s)")
     parser.set_defaults(handler=run)
 
 
@@ -61,6 +65,17 @@ def _work(seconds: float, weights: list[float], batch: list[tuple[list[float], f
     return loss / len(batch)
 
 
+#: The step the demo makes hang (not the first: the first step of a name gets a warm-up allowance).
+STUCK_STEP = 3
+
+
+def _print_alert(event: Any) -> None:
+    """Show the stuck detector's alerts as they happen (they are in the trace file too)."""
+    step = event.attributes.get("training.step")
+    print(f"ALERT {event.kind}: {event.span_name} (step {step}) open {event.elapsed_s:.2f} s, "
+          f"threshold {event.threshold_s:.2f} s ({event.threshold_source})", flush=True)
+
+
 def train(args: argparse.Namespace, trainer: Any, checkpoint_dir: Path) -> int:
     """The demo loop; returns the number of steps run."""
     rng = random.Random(0)
@@ -85,6 +100,8 @@ def train(args: argparse.Namespace, trainer: Any, checkpoint_dir: Path) -> int:
                             with trainer.substep(substep=substep):
                                 loss = _work(args.step_time / args.accumulation, weights, batch, 0.1)
                         trainer.log(loss=loss, lr=0.1)
+                        if args.stuck and global_step == STUCK_STEP:
+                            time.sleep(1.6 * args.stuck_threshold)  # a hang the stuck detector reports
                     global_step += 1
                 with trainer.evaluate(epoch=epoch):
                     _work(args.step_time, weights, data[:8], 0.0)
@@ -105,7 +122,12 @@ def run(args: argparse.Namespace) -> int:
         options["output_dir"] = args.output_dir
     if args.exporter:
         options["exporter"] = args.exporter
+    if args.stuck:
+        options["stuck_threshold_s"] = args.stuck_threshold
     telemetry = otel_training.configure(**options)
+    stuck = getattr(telemetry, "stuck", None)
+    if stuck is not None:
+        stuck.add_callback(_print_alert)
     summary = _Summary()
     telemetry.add_span_processor(summary)
     trainer = otel_training.TrainerProcess()
