@@ -1,0 +1,79 @@
+"""``otel-training run [options] -- command ...``: run a program auto-instrumented.
+
+Options become ``OTEL_TRAINING_*`` variables, a ``sitecustomize`` that
+instruments at interpreter start goes first on ``PYTHONPATH`` (as
+``opentelemetry-instrument`` does), and the command is exec'd: it keeps this
+process, so its exit status and the signals sent to it are exactly its own.
+Launchers (``torchrun``) pass the environment on, so every worker is
+instrumented with its own rank, and the launcher itself is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+SITE_DIR = str(Path(__file__).resolve().parent.parent / "integrations" / "auto" / "_site")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a training command auto-instrumented (e.g. run -- torchrun --nproc-per-node 2 train.py)",
+        description="Run COMMAND with PyTorch auto-instrumentation; every Python process it starts "
+        "(torchrun workers included) traces to its own rank's output.",
+    )
+    parser.add_argument("--exporter", help="otlp, file, console or none (OTEL_TRAINING_EXPORTER)")
+    parser.add_argument("--output-dir", help="directory of the trace files (OTEL_TRAINING_OUTPUT_DIR)")
+    parser.add_argument("--service-name", help="service.name of the resource (OTEL_TRAINING_SERVICE_NAME)")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="any configure() option, e.g. -o stuck_threshold_s=600 (repeatable)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+    parser.set_defaults(handler=run)
+
+
+def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, str]:
+    """The child's environment; raises ConfigError for an unknown option or a bad value."""
+    from otel_training.config import otel_env
+    from otel_training.config.options import ENV_PREFIX, ConfigError, resolve
+    from otel_training.integrations.auto import ENV_OWNER
+
+    env = dict(environ)
+    settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--option {item!r}: expected NAME=VALUE")
+        settings.append((name.strip().lower(), value))
+    for name, value in settings:
+        if value is not None:
+            env[ENV_PREFIX + name.upper()] = value
+    resolve({}, env)  # fail here, before the job starts, not in every worker
+    otel_env.validate(env)
+    path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *path])
+    env.pop(ENV_OWNER, None)  # a new process tree
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("otel-training run: no command given (usage: otel-training run [options] -- COMMAND ...)",
+              file=sys.stderr)
+        return 2
+    env = build_environment(args, dict(os.environ))
+    executable = shutil.which(command[0], path=env.get("PATH"))
+    if executable is None:
+        print(f"otel-training run: command not found: {command[0]}", file=sys.stderr)
+        return 127
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(executable, command, env)
+    return 0  # not reached

@@ -1,0 +1,162 @@
+"""``otel-training run`` and ``opentelemetry-instrument`` on real subprocesses, torchrun with 2 gloo workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from otlp_json import read_spans
+
+from otel_training import semconv as sc
+from otel_training.integrations.auto import is_launcher, should_instrument
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+OTEL_TRAINING = str(BIN / "otel-training")
+
+TRAIN = textwrap.dedent(
+    """
+    import sys
+    import torch
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(20, 4), torch.randn(20, 1)), batch_size=4)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(args: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=kwargs.pop("cwd", REPO), **kwargs)
+
+
+def test_launcher_detection():
+    assert is_launcher(["python", "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"])
+    assert is_launcher(["python", "-u", "-m", "torch.distributed.run", "train.py"])
+    assert not is_launcher(["python", "-u", "train.py"])
+    assert not is_launcher(["python", "-c", "import torchrun"])
+    assert not is_launcher(["python", "-m", "mypackage.train"])
+    assert should_instrument({}, ["python", "train.py"], 10)
+    assert should_instrument({"OTEL_TRAINING__AUTO_OWNER": "10"}, ["python", "train.py"], 10)
+    assert not should_instrument({"OTEL_TRAINING__AUTO_OWNER": "9"}, ["python", "train.py"], 10)
+
+
+def test_run_instruments_an_unmodified_script_and_forwards_the_exit_code(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "traces"
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(out), "--", sys.executable, str(script), "7"])
+    assert result.returncode == 7, result.stderr
+    spans = read_spans(out / "traces-r0.jsonl")
+    counts = Counter(s["name"] for s in spans)
+    assert counts[sc.SPAN_STEP] == 5 and counts[sc.SPAN_DATA_WAIT] == 5
+
+
+def test_run_passes_options_and_does_not_import_torch_eagerly(tmp_path: Path):
+    probe = "import sys, otel_training; t = otel_training.get_telemetry(); " \
+            "print('torch' in sys.modules, t.options['service_name'], t.options['stuck_threshold_s'])"
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(tmp_path), "--service-name", "probe",
+                   "-o", "stuck_threshold_s=600", "--", sys.executable, "-c", probe])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "probe", "600.0"]
+
+
+def test_run_rejects_a_bad_option_before_starting_the_program(tmp_path: Path):
+    marker = tmp_path / "ran"
+    result = _run([OTEL_TRAINING, "run", "-o", "stuck_treshold_s=1", "--", sys.executable, "-c",
+                   f"open({str(marker)!r}, 'w')"])
+    assert result.returncode == 2
+    assert "stuck_threshold_s" in result.stderr  # the did-you-mean hint
+    assert not marker.exists()
+
+
+def test_child_processes_of_the_trainer_are_not_instrumented(tmp_path: Path):
+    child = "import otel_training, sys; sys.exit(0 if otel_training.get_telemetry() is None else 3)"
+    parent = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(tmp_path), "--", sys.executable, "-c", parent])
+    assert result.returncode == 0, result.stderr
+
+
+def test_run_execs_so_signals_reach_the_program_unchanged(tmp_path: Path):
+    script = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(60)"
+    process = subprocess.Popen([OTEL_TRAINING, "run", "--output-dir", str(tmp_path), "--",
+                                sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        pid = int(process.stdout.readline())
+        assert pid == process.pid  # exec'd: the launcher is the program
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_torchrun_workers_each_trace_with_their_own_rank(tmp_path: Path):
+    out = tmp_path / "traces"
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(out), "--",
+                   str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port()),
+                   "examples/ddp_gloo.py", "--batches", "3", "--checkpoint-dir", str(tmp_path)], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # One file per worker, none for the torchrun agent.
+    assert sorted(p.name for p in out.glob("traces-*.jsonl")) == ["traces-r0.jsonl", "traces-r1.jsonl"]
+    for rank in (0, 1):
+        spans = read_spans(out / f"traces-r{rank}.jsonl")
+        assert {s["resource"][sc.TRAINING_RANK] for s in spans} == {rank}
+        assert {s["resource"][sc.TRAINING_WORLD_SIZE] for s in spans} == {2}
+        counts = Counter(s["name"] for s in spans)
+        assert counts[sc.SPAN_STEP] == 3
+        assert counts[sc.SPAN_DISTRIBUTED_BARRIER] == 2 and counts[sc.SPAN_DISTRIBUTED_DESTROY] == 1
+        (init,) = [s for s in spans if s["name"] == sc.SPAN_DISTRIBUTED_INIT]
+        assert init["attributes"][sc.DISTRIBUTED_BACKEND] == "gloo"
+        assert init["attributes"][sc.DISTRIBUTED_RANK] == rank
+        assert init["attributes"][sc.DISTRIBUTED_WORLD_SIZE] == 2
+        assert counts[sc.SPAN_SAVE_CHECKPOINT] == (1 if rank == 0 else 0)
+
+
+def test_opentelemetry_instrument_finds_the_entry_points(tmp_path: Path):
+    # A throwaway distribution that only declares the entry points pyproject will declare.
+    dist_info = tmp_path / "site" / "otel_training_entry_points-0.0.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: otel-training-entry-points\nVersion: 0.0.0\n")
+    (dist_info / "entry_points.txt").write_text(textwrap.dedent(
+        """
+        [opentelemetry_distro]
+        otel_training = otel_training.integrations.auto:OtelTrainingDistro
+
+        [opentelemetry_configurator]
+        otel_training = otel_training.integrations.auto:OtelTrainingConfigurator
+
+        [opentelemetry_instrumentor]
+        torch = otel_training.integrations.torch:TorchInstrumentor
+        """
+    ))
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "traces"
+    env = dict(os.environ, PYTHONPATH=str(dist_info.parent), OTEL_TRAINING_OUTPUT_DIR=str(out),
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    started = time.monotonic()
+    result = _run([str(BIN / "opentelemetry-instrument"), "python", str(script)], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - started < 100
+    counts = Counter(s["name"] for s in read_spans(out / "traces-r0.jsonl"))
+    assert counts[sc.SPAN_STEP] == 5
