@@ -42,6 +42,18 @@ def default_html_path(paths: list[str]) -> Path:
     return directory / "otel-training-report.html"
 
 
+def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None) -> str:
+    """Summary of the traces under ``paths`` (of one job, if given), with the HTML report written to ``html_path``."""
+    from otel_training.report import build_report, read_paths, render_html, render_summary
+
+    result = read_paths(paths, progress=False)
+    records = [record for record in result.records if job_id is None or record.run.job_id == job_id]
+    report = build_report(records, result.problems)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    html_path.write_text(render_html(report, records), encoding="utf-8")
+    return render_summary(report)
+
+
 def run(args: argparse.Namespace) -> int:
     from otel_training.analysis.stragglers import DEFAULT_THRESHOLD
     from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace

@@ -58,6 +58,14 @@ def _svg(figure: Any) -> str:
     return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline SVG
 
 
+def _step_axis_cap_ms(report: JobReport) -> float | None:
+    """Upper limit of step-time axes, so that one hung step does not flatten every other."""
+    stats = report.job_steps
+    if stats is None or stats.maximum <= 3 * stats.p90:
+        return None
+    return 3 * stats.p90 * 1000
+
+
 def _plot_step_times(report: JobReport) -> str:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(11, 3.8))
@@ -76,9 +84,15 @@ def _plot_step_times(report: JobReport) -> str:
     for run in report.goodput.runs:
         if run.key.restart > 0:
             axes.axvline((run.start_ns - report.start_ns) / 1e9, color="#d62728", alpha=0.3, linewidth=1)
+    cap = _step_axis_cap_ms(report)
+    title = "Step time per rank (red lines: restarts)"
+    if cap is not None:
+        axes.set_ylim(0, cap)
+        hidden = sum(1 for step in report.steps if step.duration_s * 1000 > cap)
+        title += f"; {hidden} step(s) above {cap:.0f} ms off the chart"
     axes.set_xlabel("time since job start (s)")
     axes.set_ylabel("step time (ms)")
-    axes.set_title("Step time per rank (red lines: restarts)")
+    axes.set_title(title)
     if len(by_rank) <= 16:
         axes.legend(loc="upper right", fontsize="small", ncol=min(4, len(by_rank) + 1))
     return _svg(figure)
@@ -88,14 +102,18 @@ def _plot_histogram(report: JobReport) -> str:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(5.4, 3.6))
     durations = [step.duration_s * 1000 for step in report.steps]
-    axes.hist(durations, bins=min(60, max(5, len(durations) // 5)), color="#1f77b4")
+    cap = _step_axis_cap_ms(report)
+    shown = durations if cap is None else [d for d in durations if d <= cap]
+    axes.hist(shown, bins=min(60, max(5, len(shown) // 5)), color="#1f77b4")
     if report.ideal_step_s is not None:
         axes.axvline(report.ideal_step_s * 1000, color="black", linestyle="--", label="ideal")
     if report.normal_threshold_s is not None:
         axes.axvline(report.normal_threshold_s * 1000, color="#d62728", linestyle=":", label="median + 3 MAD")
     axes.set_xlabel("step time (ms)")
     axes.set_ylabel("steps")
-    axes.set_title("Step-time histogram (all ranks)")
+    axes.set_title("Step-time histogram (all ranks)" if cap is None
+                   else f"Step-time histogram ({len(durations) - len(shown)} above {cap:.0f} ms not shown)",
+                   fontsize="medium")
     if report.ideal_step_s is not None:
         axes.legend(fontsize="small")
     return _svg(figure)
