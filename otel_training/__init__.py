@@ -12,6 +12,7 @@ from otel_training.events.lineage import set_lineage
 from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
 from otel_training.events.process import Process
 from otel_training.processors.dlrover_log import DLRoverLogProcessor
+from otel_training.processors.goodput import GoodputSpanProcessor
 from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "DLRoverLogProcessor",
     "Duration",
     "FlushResult",
+    "GoodputSpanProcessor",
     "MasterProcess",
     "Process",
     "StuckEvent",

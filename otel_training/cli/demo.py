@@ -145,4 +145,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"traces: sent with the {telemetry.exporter_name} exporter")
     print(f"delivered {result.exported} spans, dropped {result.dropped}")
+    if telemetry.trace_path is not None and telemetry.trace_path.exists():
+        from otel_training import semconv as sc
+        from otel_training.cli.report import report_paths
+
+        html_path = telemetry.trace_path.parent / "otel-training-report.html"
+        print()
+        print(report_paths([str(telemetry.trace_path)], html_path,
+                           job_id=str(telemetry.resource.attributes.get(sc.TRAINING_JOB_ID, "")) or None))
+        print(f"html report: {html_path.resolve()}  (otel-training report {telemetry.trace_path.parent} for more)")
     return 0 if result.dropped == 0 else 1
