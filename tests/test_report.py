@@ -189,3 +189,17 @@ def test_jaeger_unreachable_is_a_problem_not_a_crash() -> None:
     records, problems = fetch("http://127.0.0.1:9", "crafted", timeout_s=5)
     assert records == []
     assert "cannot reach Jaeger" in str(problems[0])
+
+
+def test_demo_ends_with_the_report_summary_and_html_path(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli.main", "demo", "--output-dir", str(tmp_path / "traces"),
+         "--epochs", "1", "--steps", "12", "--step-time", "0.005"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "goodput: " in out and "steps: 12," in out
+    html = tmp_path / "traces" / "otel-training-report.html"
+    assert f"html report: {html}" in out
+    assert html.read_text().startswith("<!DOCTYPE html>")
