@@ -164,14 +164,15 @@ def _plot_timeline(report: JobReport, records: Sequence[SpanRecord], evaluation_
     for run in report.goodput.runs:
         intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
     used: set[str] = set()
-    for (rank, label), spans in sorted(intervals.items(), key=lambda item: item[0][1] != "_run"):
-        bars = [((start - report.start_ns) / 1e9, max(end - start, resolution) / 1e9)
-                for start, end in _merged(spans, resolution)]
+    merged = {key: _merged(spans, resolution) for key, spans in intervals.items()}
+    rasterize = sum(len(spans) for spans in merged.values()) > RASTERIZE_ABOVE
+    for (rank, label), spans in sorted(merged.items(), key=lambda item: item[0][1] != "_run"):
+        bars = [((start - report.start_ns) / 1e9, max(end - start, resolution) / 1e9) for start, end in spans]
         if label == "_run":
             axes.broken_barh(bars, (row[rank] - 0.4, 0.8), facecolors="#f0f0f0", edgecolors="#999999")
             continue
         used.add(label)
-        axes.broken_barh(bars, (row[rank] - 0.3, 0.6), facecolors=COLORS[label], rasterized=len(bars) > RASTERIZE_ABOVE)
+        axes.broken_barh(bars, (row[rank] - 0.3, 0.6), facecolors=COLORS[label], rasterized=rasterize)
     for alert in report.alerts:
         if alert.rank in row:
             axes.plot((alert.time_ns - report.start_ns) / 1e9, row[alert.rank] + 0.42, "v",

@@ -9,6 +9,7 @@ used, because a partial report beats none when a job has just died.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -184,12 +185,18 @@ def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
                    disable=None if progress is None else False)
     records: list[SpanRecord] = []
+    # Millions of new dicts would trigger full garbage collections over and over
+    # (reading turns quadratic); records hold no reference cycles.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         for path in files:
             file_records, file_problems = read_file(path, bar)
             records.extend(file_records)
             problems.extend(file_problems)
     finally:
+        if collecting:
+            gc.enable()
         if bar is not None:
             bar.close()
     if files and not records:
