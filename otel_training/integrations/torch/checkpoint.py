@@ -9,9 +9,10 @@ wrapping it) is part of the outer span, not a span of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from otel_training import semconv as sc
@@ -136,3 +137,14 @@ def dcp_wrapper(tracker: StepTracker, save: bool) -> Callable[..., Any]:
         return _run(tracker, save, path, "torch.distributed.checkpoint", lambda: wrapped(*args, **kwargs))
 
     return wrapper
+
+
+@contextlib.contextmanager
+def outer_checkpoint() -> Iterator[None]:
+    """A framework reports this checkpoint itself: torch.save/load inside it add no span."""
+    previous = getattr(_local, "active", False)
+    _local.active = True
+    try:
+        yield
+    finally:
+        _local.active = previous
