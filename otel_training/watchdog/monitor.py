@@ -120,8 +120,9 @@ class Watchdog:
             if pidfd is not None:
                 died = bool(select.select([pidfd], [], [], self.poll_s)[0])
             else:
+                # No pidfd (kernel < 5.3): we are its child, so its death reparents us.
                 time.sleep(self.poll_s)
-                died = not _alive(self.pid)
+                died = os.getppid() != self.pid
             state = self.slot.read()
             if died:
                 if state.state != STATE_CLOSED:
@@ -187,16 +188,6 @@ class Watchdog:
         self.tracer.start_span(sc.SPAN_ALERT, context=context, attributes=attributes, links=links).end()
         logger.warning("otel_training watchdog: pid %d %s %s", self.pid, kind,
                        f"in {state.name} step {state.step}" if state.open else "")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
