@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import statistics
 import threading
 
 SOURCE_FIXED = "fixed"
@@ -56,12 +55,12 @@ class Threshold:
 @dataclasses.dataclass(frozen=True)
 class AdaptiveSettings:
     min_samples: int = 10
-    window: int = 256
+    window: int = 128
     peak_window: int = 2048
     normal_factor: float = 5.0
     peak_factor: float = 2.0
     min_threshold_s: float = 1.0
-    recompute_every: int = 16
+    recompute_every: int = 64
 
 
 class ThresholdLearner:
@@ -96,13 +95,14 @@ class ThresholdLearner:
 
     def observe(self, duration_s: float) -> None:
         """A span of this name completed normally after ``duration_s``."""
+        adaptive = self._adaptive
+        if adaptive is None:  # fixed: only the first-span allowance to retire; no lock on this path
+            self.count += 1
+            if self.threshold is not self._base:
+                self.threshold = self._base
+            return
         with self._lock:
             self.count += 1
-            adaptive = self._adaptive
-            if adaptive is None:
-                if self.count == 1:
-                    self.threshold = self._base
-                return
             self._recent.append(duration_s)
             peaks = self._peaks
             while peaks and peaks[-1][1] <= duration_s:
@@ -118,9 +118,9 @@ class ThresholdLearner:
                 self.threshold = self._learn(adaptive)
 
     def _learn(self, adaptive: AdaptiveSettings) -> Threshold:
-        samples = list(self._recent)
-        median = statistics.median(samples)
-        mad = statistics.median(abs(value - median) for value in samples)
+        samples = sorted(self._recent)
+        median = _median_of_sorted(samples)
+        mad = _median_of_sorted(sorted([abs(value - median) for value in samples]))
         peak = self._peaks[0][1]
         normal = adaptive.normal_factor * (median + 3.0 * mad)
         spikes = adaptive.peak_factor * peak
@@ -133,3 +133,8 @@ class ThresholdLearner:
             seconds, source = self._fixed_s, SOURCE_CAPPED
             rule += f", capped at the fixed {self._fixed_s:g} s"
         return Threshold(seconds, source, rule)
+
+
+def _median_of_sorted(values: list[float]) -> float:
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
