@@ -6,23 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _value(value: dict[str, Any]) -> Any:
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "boolValue" in value:
-        return value["boolValue"]
-    if "arrayValue" in value:
-        return [_value(item) for item in value["arrayValue"].get("values", [])]
-    return None
-
-
-def attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {item["key"]: _value(item["value"]) for item in items or []}
+from otel_training.report.reader import attributes
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
