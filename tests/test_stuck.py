@@ -88,8 +88,8 @@ def pipeline() -> Iterator[Callable[..., Pipeline]]:
 def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callable[..., Pipeline]) -> None:
     p = pipeline(threshold_s=0.3, first_threshold_s=0.3, escalation_s=0.4)
     with p.tracer.start_as_current_span(sc.SPAN_EPOCH, attributes={sc.EPOCH: 2}) as epoch:
+        started = time.monotonic()  # before on_start, so the intervals below are upper bounds
         with p.tracer.start_as_current_span(sc.SPAN_STEP, attributes={sc.STEP: 17}) as step:
-            started = time.monotonic()
             wait_for(lambda: len(p.events) >= 1)
             first_at = time.monotonic() - started
             # Once, not again before the escalation interval.
@@ -99,8 +99,9 @@ def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callabl
             second_at = time.monotonic() - started
     wait_for(lambda: len(p.alerts(sc.ALERT_KIND_RECOVERED)) == 1)
 
-    assert 0.3 <= first_at < 0.45
-    assert 0.7 <= second_at < 0.85
+    # Not before the threshold, then the escalation; the bench measures how soon after (ms).
+    assert 0.3 <= first_at < 0.55
+    assert 0.7 <= second_at < 0.95
     stuck = p.alerts(sc.ALERT_KIND_STUCK)
     assert [span.attributes[sc.ALERT_COUNT] for span in stuck] == [1, 2]
     first = stuck[0]
@@ -117,7 +118,7 @@ def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callabl
     assert first.attributes[sc.ALERT_SOURCE] == sc.ALERT_SOURCE_PROCESSOR
     assert "test_fires_once_per_threshold" in first.attributes[sc.ALERT_STACKS]  # the stuck thread's stack
     recovered = p.alerts(sc.ALERT_KIND_RECOVERED)[0]
-    assert recovered.attributes[sc.ALERT_ELAPSED_S] >= second_at
+    assert recovered.attributes[sc.ALERT_ELAPSED_S] > stuck[1].attributes[sc.ALERT_ELAPSED_S]
     assert recovered.parent.span_id == step_context.span_id
     # The open span got an event per alert; the metric counted them by kind.
     ended_step = next(span for span in p.exporter.get_finished_spans() if span.name == sc.SPAN_STEP)

@@ -198,7 +198,7 @@ class StuckSpanProcessor(SpanProcessor):
         self._open: dict[int, _Watched] = {}
         self._cond = threading.Condition(threading.Lock())
         self._wake_at = math.inf
-        self._recovered: deque[tuple[_Watched, float]] = deque()
+        self._recovered: deque[StuckEvent] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._flush_event = threading.Event()
@@ -281,8 +281,10 @@ class StuckSpanProcessor(SpanProcessor):
             if self._slot is not None:
                 self._slot.end(span.context.span_id)  # type: ignore[union-attr]
             if entry.count:
-                # Reported by the watcher, which also flushes it: nothing waits here.
-                self._recovered.append((entry, elapsed))
+                # The alert span is ended here, so it is queued before the stuck span's own export
+                # and a shutdown right after cannot lose it; callbacks and the flush are left to
+                # the watcher and flusher threads, so nothing waits here.
+                self._recovered.append(self._alert(sc.ALERT_KIND_RECOVERED, entry, elapsed, None))
                 with self._cond:
                     self._cond.notify()
             else:
@@ -321,8 +323,7 @@ class StuckSpanProcessor(SpanProcessor):
             for entry in due:
                 self._guarded(self._stuck, entry, now)
             while self._recovered:
-                entry, elapsed = self._recovered.popleft()
-                self._guarded(self._recover, entry, elapsed)
+                self._call_back(self._recovered.popleft())
             self._request_flush()
 
     @staticmethod
@@ -353,9 +354,6 @@ class StuckSpanProcessor(SpanProcessor):
         self._call_back(event)
         if entry.count == 1:
             self._act(entry)
-
-    def _recover(self, entry: _Watched, elapsed: float) -> None:
-        self._call_back(self._alert(sc.ALERT_KIND_RECOVERED, entry, elapsed, None))
 
     def _alert(self, kind: str, entry: _Watched, elapsed: float, stacks: str | None) -> StuckEvent:
         span = entry.span
