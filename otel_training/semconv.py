@@ -94,6 +94,8 @@ STEP_SUBSTEPS: Final = "training.step.substeps"
 STEP_OPTIMIZER_STEPS: Final = "training.step.optimizer_steps"
 #: True when no optimizer stepped (AMP's GradScaler skipped it on inf/NaN gradients).
 STEP_SKIPPED: Final = "training.step.skipped"
+#: Seconds this step waited for batches (every fetch; only waits over 1 ms get a data_wait span).
+STEP_DATA_WAIT_S: Final = "training.step.data_wait_s"
 CHECKPOINT_FORMAT: Final = "training.checkpoint.format"
 
 SPAN_DISTRIBUTED_INIT: Final = "training.distributed.init"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,7 +38,23 @@ def named(spans: list[dict], name: str) -> list[dict]:
     return sorted((s for s in spans if s["name"] == name), key=lambda s: s["start"])
 
 
-def make_loader(batches: int, batch_size: int = 4) -> torch.utils.data.DataLoader:
+class SlowData(torch.utils.data.Dataset):
+    """A dataset whose items take ``delay_s`` to produce: fetches that block."""
+
+    def __init__(self, size: int, delay_s: float) -> None:
+        self.x, self.y, self.delay_s = torch.randn(size, 8), torch.randn(size, 1), delay_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.delay_s)
+        return self.x[index], self.y[index]
+
+
+def make_loader(batches: int, batch_size: int = 4, delay_s: float = 0.0) -> torch.utils.data.DataLoader:
+    if delay_s:
+        return torch.utils.data.DataLoader(SlowData(batches * batch_size, delay_s), batch_size=batch_size)
     data = torch.utils.data.TensorDataset(torch.randn(batches * batch_size, 8), torch.randn(batches * batch_size, 1))
     return torch.utils.data.DataLoader(data, batch_size=batch_size)
 
@@ -51,7 +68,7 @@ def test_one_numbered_step_span_per_iteration_covering_the_data_wait(instrumente
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters())
     for _epoch in range(2):
-        for x, y in make_loader(5):
+        for x, y in make_loader(5, delay_s=0.001):  # 4 ms per batch: a blocking wait
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
@@ -68,6 +85,7 @@ def test_one_numbered_step_span_per_iteration_covering_the_data_wait(instrumente
     for wait in waits:
         step = step_ids[wait["parent_id"]]
         assert step["start"] <= wait["start"] and wait["end"] <= step["end"]
+        assert step["attributes"][sc.STEP_DATA_WAIT_S] >= (wait["end"] - wait["start"]) / 1e9 >= 0.004
     # Steps do not overlap: each ends before the next begins.
     for before, after in zip(steps, steps[1:]):
         assert before["end"] <= after["start"]
@@ -77,7 +95,7 @@ def test_gradient_accumulation_gives_substeps(instrumented):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     accumulation = 3
-    for index, (x, y) in enumerate(make_loader(12)):
+    for index, (x, y) in enumerate(make_loader(12, delay_s=0.0005)):
         (torch.nn.functional.mse_loss(model(x), y) / accumulation).backward()
         if (index + 1) % accumulation == 0:
             optimizer.step()
@@ -163,6 +181,18 @@ def test_loop_without_dataloader_opens_steps_at_the_forward_pass(instrumented):
     assert [s["attributes"][sc.STEP] for s in steps] == list(range(7))
 
 
+def test_fast_fetches_add_to_the_step_without_spans_of_their_own(instrumented):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in make_loader(4):  # in-memory tensors: microseconds per fetch
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    spans = spans_of(instrumented)
+    steps = named(spans, sc.SPAN_STEP)
+    assert len(steps) == 4 and not named(spans, sc.SPAN_DATA_WAIT)
+    assert all(0 < s["attributes"][sc.STEP_DATA_WAIT_S] < 0.001 for s in steps)
+
+
 def test_evaluation_under_no_grad_creates_no_step(instrumented):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -170,7 +200,7 @@ def test_evaluation_under_no_grad_creates_no_step(instrumented):
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
     with torch.no_grad():
-        for x, _ in make_loader(4):
+        for x, _ in make_loader(4, delay_s=0.001):
             model(x)
 
     spans = spans_of(instrumented)

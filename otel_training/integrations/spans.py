@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training.events.runtime import runtime
@@ -26,12 +26,20 @@ def record_span(
     attributes: Mapping[str, Any],
     parent: Span | None = None,
     target: str = sc.TARGET_TRAINER,
+    error: BaseException | None = None,
 ) -> None:
-    """Emit a finished span ``[start_ns, end_ns]`` (wall-clock ns) under ``parent`` (or the current span)."""
+    """Emit a finished span ``[start_ns, end_ns]`` (wall-clock ns) under ``parent`` (or the current span).
+
+    An ``error`` (other than StopIteration) is recorded and sets status ERROR.
+    """
     rt = runtime()
     attrs = {sc.EVENT_TARGET: target, sc.EVENT_NAME: event_name}
     attrs.update(attributes)
     context = trace_api.set_span_in_context(parent) if parent is not None else None
     span = rt.tracer.start_span(name, context=context, attributes=attrs, start_time=start_ns)
     rt.charge(span.get_span_context().trace_id)
+    if error is not None and not isinstance(error, StopIteration):
+        span.record_exception(error, escaped=True)
+        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
     span.end(end_time=max(end_ns, start_ns))

@@ -135,13 +135,13 @@ def suspend_steps() -> Callable[[], None]:
 
 def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        token = tracker.fetch_begin(instance)
+        started = tracker.fetch_begin(instance)
         try:
             batch = wrapped(*args, **kwargs)
         except BaseException as error:
-            tracker.span_end(token, error)
+            tracker.fetch_end(started, error)
             raise
-        tracker.span_end(token)
+        tracker.fetch_end(started)
         return batch
 
     return wrapper

@@ -49,6 +49,10 @@ from otel_training.events.runtime import runtime
 from otel_training.integrations.spans import record_span
 
 SOURCE = "torch"
+#: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
+#: but get no span of their own: a prefetching DataLoader answers in microseconds,
+#: and a span per fetch would cost more than the wait.
+DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
 #: A begun span and the step context it was begun in (None: the caller's context).
 Token = tuple[Duration, "contextvars.Context | None"]
@@ -80,6 +84,7 @@ class StepTracker:
         self._optimizer_steps = 0
         self._fetched = False
         self._complete = False
+        self._wait_ns = 0
 
     # -- ownership ----------------------------------------------------------
     def _mine(self) -> bool:
@@ -102,8 +107,7 @@ class StepTracker:
         if rt.telemetry is not self._telemetry:
             self._telemetry = rt.telemetry
             rt.telemetry.on_shutdown(self.close)
-        step = self.trainer.step(global_step=self._number)
-        step.extra_args(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+        step = self.trainer.step(global_step=self._number, **{sc.INSTRUMENTATION_SOURCE: SOURCE})
         ctx = contextvars.copy_context()
         ctx.run(step.begin)
         self._start_ns = time.time_ns()
@@ -123,6 +127,7 @@ class StepTracker:
             sc.STEP_SUBSTEPS: substeps,
             sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
             sc.STEP_SKIPPED: self._optimizer_steps == 0,
+            sc.STEP_DATA_WAIT_S: self._wait_ns / 1e9,
         })
         if substeps >= 2:
             start = self._start_ns
@@ -132,9 +137,11 @@ class StepTracker:
                 start = end
         ctx.run(step.end)
         self._number += 1
+        fetched = self._fetched
         self._reset()
         self._just_closed = True
-        self._arm_forward()
+        if not fetched:  # a DataLoader-driven loop's next fetch opens the next step
+            self._arm_forward()
 
     def _boundary(self, fetch: bool) -> None:
         """A new iteration may begin here: close a step waiting for its boundary."""
@@ -165,17 +172,28 @@ class StepTracker:
 
     # -- hook entry points ----------------------------------------------------
     @contained(default=None)
-    def fetch_begin(self, iterator: Any) -> Token | None:
-        """Before ``DataLoader`` hands out a batch; returns the data-wait span to end."""
+    def fetch_begin(self, iterator: Any) -> int | None:
+        """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
         exhausted = _exhausted(iterator)
         if self._mine():
             self._boundary(fetch=True)
             if self._step is None and torch.is_grad_enabled() and not exhausted:
                 self._open()
             self._fetched = self._step is not None
-        if exhausted:  # the fetch only raises StopIteration: no wait, no span
-            return None
-        return self._begin_in_step(self.trainer.duration(sc.SPAN_DATA_WAIT, {sc.INSTRUMENTATION_SOURCE: SOURCE}))
+        return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
+
+    @contained(default=None)
+    def fetch_end(self, started: int | None, error: BaseException | None = None) -> None:
+        """Account the wait to the step; a span only when it blocked (or failed)."""
+        if started is None:
+            return
+        ended = time.time_ns()
+        step = self._step if threading.get_ident() == self._owner else None
+        if step is not None:
+            self._wait_ns += ended - started
+        if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None and not isinstance(error, StopIteration)):
+            record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
+                        parent=step.span if step is not None else None, error=error)
 
     @contained(default=None)
     def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
