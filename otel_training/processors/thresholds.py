@@ -22,8 +22,10 @@ of a name gets ``first_threshold_s`` (warm-up, compilation, the first
 collective), and until ``min_samples`` spans completed the fixed (or warm-up)
 threshold applies.
 
-Cost: ``observe`` is amortised O(1) (a deque append and a monotonic-deque
-update); the sorts run every ``recompute_every`` observations.
+Cost: ``observe`` is a list append on the training thread; every
+``recompute_every`` observations the batch is absorbed (the peak is kept per
+batch, so "the largest of the last ``peak_window``" has a granularity of one
+batch) and the threshold re-learned with two sorts of ``window`` values.
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ class ThresholdLearner:
         )
         self.count = 0
         self._lock = threading.Lock()
+        self._pending: list[float] = []
         if adaptive is not None:
             self._recent: collections.deque[float] = collections.deque(maxlen=adaptive.window)
-            # Monotonic deque of (index, duration): the max of the last peak_window in O(1) amortised.
-            self._peaks: collections.deque[tuple[int, float]] = collections.deque()
+            # The largest duration of each absorbed batch, over about the last peak_window spans.
+            self._batch_peaks: collections.deque[float] = collections.deque(
+                maxlen=max(1, adaptive.peak_window // adaptive.recompute_every))
 
     def after_fork(self) -> None:
         """A forked child must not inherit a lock some parent thread held at fork time."""
@@ -95,33 +99,34 @@ class ThresholdLearner:
 
     def observe(self, duration_s: float) -> None:
         """A span of this name completed normally after ``duration_s``."""
+        self.count += 1
         adaptive = self._adaptive
-        if adaptive is None:  # fixed: only the first-span allowance to retire; no lock on this path
-            self.count += 1
+        if adaptive is None:  # fixed: only the first-span allowance to retire
             if self.threshold is not self._base:
                 self.threshold = self._base
             return
+        pending = self._pending
+        pending.append(duration_s)  # atomic under the GIL: no lock on the hot path
+        if len(pending) >= adaptive.recompute_every or self.count <= adaptive.min_samples:
+            self._absorb(adaptive)
+
+    def _absorb(self, adaptive: AdaptiveSettings) -> None:
         with self._lock:
-            self.count += 1
-            self._recent.append(duration_s)
-            peaks = self._peaks
-            while peaks and peaks[-1][1] <= duration_s:
-                peaks.pop()
-            peaks.append((self.count, duration_s))
-            if peaks[0][0] <= self.count - adaptive.peak_window:
-                peaks.popleft()
-            if self.count < adaptive.min_samples:
-                if self.count == 1:
-                    self.threshold = self._base
+            batch, self._pending = self._pending, []
+            if not batch:
                 return
-            if self.count == adaptive.min_samples or self.count % adaptive.recompute_every == 0:
-                self.threshold = self._learn(adaptive)
+            self._recent.extend(batch)
+            self._batch_peaks.append(max(batch))
+            if self.count < adaptive.min_samples:
+                self.threshold = self._base  # the first span's allowance is retired
+                return
+            self.threshold = self._learn(adaptive)
 
     def _learn(self, adaptive: AdaptiveSettings) -> Threshold:
         samples = sorted(self._recent)
         median = _median_of_sorted(samples)
         mad = _median_of_sorted(sorted([abs(value - median) for value in samples]))
-        peak = self._peaks[0][1]
+        peak = max(self._batch_peaks)
         normal = adaptive.normal_factor * (median + 3.0 * mad)
         spikes = adaptive.peak_factor * peak
         seconds = max(normal, spikes, adaptive.min_threshold_s)
