@@ -51,10 +51,10 @@ def make_loop(hidden: int, batch_size: int, batches: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=30, help="rounds per mode (default: %(default)s)")
-    parser.add_argument("--batches", type=int, default=20, help="steps per round (default: %(default)s)")
-    parser.add_argument("--hidden", type=int, default=512, help="MLP width (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds per mode (default: %(default)s)")
+    parser.add_argument("--batches", type=int, default=10, help="steps per round (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=1024, help="MLP width (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
