@@ -100,14 +100,12 @@ def test_lightning_exception_fails_open_spans(instrumented, tmp_path: Path):
         def __init__(self):
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
+            self.configure_optimizers = lambda: torch.optim.SGD(self.parameters(), lr=0.1)
 
         def training_step(self, batch, batch_idx):
             if batch_idx == 2:
                 raise ValueError("boom")
             return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
     trainer = lightning.Trainer(max_epochs=1, callbacks=[OpenTelemetryCallback()], default_root_dir=tmp_path,

@@ -100,27 +100,32 @@ async def atrace_scope(name: str, category: Category | str | None = None,
         yield span
 
 
-def trace_perf(name: str, category: Category | str | None = None) -> Callable[[F], F]:
-    """Decorate a sync or async function: each call is a span named ``name``."""
+def _in_scope(scope: Callable[[], contextlib.AbstractContextManager[Any]]) -> Callable[[F], F]:
+    """A decorator running each call of a sync or async function inside ``scope()``."""
 
     def decorate(function: F) -> F:
         if inspect.iscoroutinefunction(function):
 
             @functools.wraps(function)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with trace_scope(name, category):
+                with scope():
                     return await function(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with trace_scope(name, category):
+            with scope():
                 return function(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def trace_perf(name: str, category: Category | str | None = None) -> Callable[[F], F]:
+    """Decorate a sync or async function: each call is a span named ``name``."""
+    return _in_scope(lambda: trace_scope(name, category))
 
 
 @contained(default=None)
@@ -248,25 +253,7 @@ def _session_scope() -> Iterator[_Session]:
 
 def session_context() -> Callable[[F], F]:
     """Decorate the function handling one sample: each call registers a session of the current task."""
-
-    def decorate(function: F) -> F:
-        if inspect.iscoroutinefunction(function):
-
-            @functools.wraps(function)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with _session_scope():
-                    return await function(*args, **kwargs)
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _session_scope():
-                return function(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
+    return _in_scope(_session_scope)
 
 
 # -- phases -------------------------------------------------------------------
@@ -314,25 +301,7 @@ async def atrace_session_phase(phase: str, start_payload: Mapping[str, Any] | No
 
 def trace_session(phase: str) -> Callable[[F], F]:
     """Decorate a sync or async function: each call is a ``phase`` of the current session."""
-
-    def decorate(function: F) -> F:
-        if inspect.iscoroutinefunction(function):
-
-            @functools.wraps(function)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with trace_session_phase(phase):
-                    return await function(*args, **kwargs)
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with trace_session_phase(phase):
-                return function(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
+    return _in_scope(lambda: trace_session_phase(phase))
 
 
 # -- lifecycle events -------------------------------------------------------------
