@@ -75,9 +75,9 @@ def test_collector_has_exactly_the_manifest_components(stack_binaries):
     names = {kind: {c["name"] for c in comps.get(kind) or []} for kind in ("receivers", "processors", "exporters", "connectors", "extensions")}
     assert {"otlp"} <= names["receivers"]
     assert {"memory_limiter", "batch", "filter", "tail_sampling", "attributes", "resource"} <= names["processors"]
-    assert {"debug", "file", "prometheus", "loadbalancing"} <= names["exporters"]
+    assert {"debug", "file", "prometheus", "load_balancing"} <= names["exporters"]
     assert {"otlp_grpc", "otlp_http"} <= names["exporters"] or {"otlp", "otlphttp"} <= names["exporters"]
-    assert {"spanmetrics", "count", "routing", "forward"} <= names["connectors"]
+    assert {"span_metrics", "count", "routing", "forward"} <= names["connectors"]
     assert {"health_check"} <= names["extensions"]
     assert comps["buildinfo"]["version"] == _manifest_version()
 

@@ -122,24 +122,26 @@ def test_stuck_alert_span_reaches_jaeger_file_sink_metrics_prometheus_and_webhoo
     assert others == [], f"non-alert spans leaked into the alerts sink: {others}"
 
     # --- spanmetrics on the collector's prometheus exporter ----------------
-    def stuck_counter():
-        return [
-            (labels, value)
-            for labels, value in scrape_samples(stack.collector_metrics_url, "traces_span_metrics_calls_total")
-            if labels.get("training_job_id") == job_id and labels.get("span_name") == "training.alert"
-        ]
+    # A new spanmetrics series is first emitted with 0, then with its count.
+    def counter(span_name):
+        def samples():
+            found = [
+                (labels, value)
+                for labels, value in scrape_samples(stack.collector_metrics_url, "traces_span_metrics_calls_total")
+                if labels.get("training_job_id") == job_id and labels.get("span_name") == span_name
+            ]
+            return found if found and all(v >= 1 for _, v in found) else None
 
-    ((labels, value),) = wait_until(stuck_counter, timeout=DEADLINE, what="traces_span_metrics_calls_total for the alert")
+        return samples
+
+    ((labels, value),) = wait_until(counter("training.alert"), timeout=DEADLINE, what="traces_span_metrics_calls_total for the alert")
     assert value == 1
     assert labels["training_alert_kind"] == "stuck"
     assert labels["training_rank"] == "1"
-    step_counts = wait_until(
-        lambda: [v for lab, v in scrape_samples(stack.collector_metrics_url, "traces_span_metrics_calls_total")
-                 if lab.get("training_job_id") == job_id and lab.get("span_name") == "training.step"],
-        timeout=DEADLINE,
-        what="traces_span_metrics_calls_total for the step",
-    )
-    assert step_counts == [1]
+    assert labels["status_code"] == "STATUS_CODE_ERROR"
+    ((step_labels, step_value),) = wait_until(counter("training.step"), timeout=DEADLINE, what="traces_span_metrics_calls_total for the step")
+    assert step_value == 1
+    assert "training_alert_kind" not in step_labels
     durations = [lab for lab, _ in scrape_samples(stack.collector_metrics_url, "traces_span_metrics_duration_seconds_count")
                  if lab.get("training_job_id") == job_id]
     assert {lab["span_name"] for lab in durations} == {"training.step", "training.alert"}
