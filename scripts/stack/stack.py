@@ -184,8 +184,13 @@ def render_prometheus(ports: Ports, rules_path: Path, *, scrape_interval: str, e
     return text
 
 
-def render_rules(*, for_override: str | None) -> str:
+def render_rules(*, for_override: str | None, replacements: dict[str, str] | None = None) -> str:
+    """alert-rules.yml, optionally with every ``for:`` set to ``for_override`` and
+    exact-text ``replacements`` (e.g. ``{"[10m]": "[20s]"}`` to shorten windows
+    in tests); each replaced text must occur in the file."""
     text = (CONFIG_DIR / "alert-rules.yml").read_text()
+    for old, new in (replacements or {}).items():
+        text = _replace_exactly(text, old, new, "alert-rules.yml")
     if for_override is not None:
         text, n = re.subn(r"(?m)^(\s+for: )\S+$", rf"\g<1>{for_override}", text)
         if n == 0:
@@ -297,6 +302,7 @@ class Stack:
         evaluation_interval: str | None = None,
         spanmetrics_flush_interval: str | None = None,
         rule_for_override: str | None = None,
+        rule_replacements: dict[str, str] | None = None,
         startup_timeout: float = 60.0,
         log_level: str = "info",
     ) -> None:
@@ -308,6 +314,7 @@ class Stack:
         self.evaluation_interval = evaluation_interval or ("1s" if fast else "15s")
         self.spanmetrics_flush_interval = spanmetrics_flush_interval or ("1s" if fast else "15s")
         self.rule_for_override = rule_for_override
+        self.rule_replacements = rule_replacements
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.ports: Ports | None = None
@@ -385,7 +392,7 @@ class Stack:
         for d in (cfg, self.log_dir, self.alerts_file.parent, self.run_dir / "prometheus-data", self.run_dir / "alertmanager-data"):
             d.mkdir(parents=True, exist_ok=True)
         rules = cfg / "alert-rules.yml"
-        rules.write_text(render_rules(for_override=self.rule_for_override))
+        rules.write_text(render_rules(for_override=self.rule_for_override, replacements=self.rule_replacements))
         (cfg / "prometheus.yml").write_text(
             render_prometheus(p, rules, scrape_interval=self.scrape_interval, evaluation_interval=self.evaluation_interval)
         )

@@ -67,6 +67,17 @@ def test_validate_rejects_broken_config(stack_binaries, tmp_path, mutation):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
+def test_jaeger_validate_rejects_broken_config(stack_binaries, tmp_path):
+    src = (CONFIG / "jaeger.yaml").read_text()
+    broken = tmp_path / "jaeger-broken.yaml"
+    broken.write_text(src.replace("enable_tracing: false", "enable_tracingg: false", 1))
+    assert broken.read_text() != src
+    proc = _validate(stack_binaries.jaeger, broken)
+    assert proc.returncode != 0, f"jaeger validate accepted a broken config:\n{proc.stdout}{proc.stderr}"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
 def test_collector_has_exactly_the_manifest_components(stack_binaries):
     """`components` of the built binary lists what builder-config.yaml asks for."""
     proc = subprocess.run([str(stack_binaries.otelcol), "components"], capture_output=True, text=True, timeout=60)

@@ -184,3 +184,54 @@ def test_stuck_alert_span_reaches_jaeger_file_sink_metrics_prometheus_and_webhoo
     assert not firing()
     recovered = [s for s in read_alert_sink(stack.alerts_file) if s["resource"].get("training.job.id") == job_id]
     assert sorted(s["attributes"]["training.alert.kind"] for s in recovered) == ["recovered", "stuck"]
+
+
+def test_sdk_dropped_spans_metric_reaches_prometheus_and_fires(stack, alert_webhook):
+    """The SDK's training.telemetry.spans.dropped counter (OTLP metric) goes
+    through the collector's metrics pipeline and fires TrainingTelemetrySpansDropped."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    job_id = f"e2e-{uuid.uuid4().hex[:10]}"
+    resource = Resource.create({"service.name": SERVICE, "training.job.id": job_id, "training.rank": 3})
+    dropped = {"n": 0}
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=stack.otlp_grpc_endpoint, insecure=True, timeout=10), export_interval_millis=500
+    )
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+    try:
+        # Same instrument as otel_training.config.telemetry: an observable counter.
+        provider.get_meter("otel_training").create_observable_counter(
+            "training.telemetry.spans.dropped",
+            callbacks=[lambda options: [Observation(dropped["n"])]],
+            unit="{span}",
+        )
+
+        def exported(minimum):
+            def check():
+                vals = [v for lab, v in scrape_samples(stack.collector_metrics_url, "training_telemetry_spans_dropped_total")
+                        if lab.get("training_job_id") == job_id]
+                return vals if vals and vals[0] >= minimum else None
+            return check
+
+        # Zero first (nothing dropped yet), then 42.
+        assert wait_until(exported(0), timeout=DEADLINE, what="training_telemetry_spans_dropped_total on the collector") == [0]
+        dropped["n"] = 42
+        assert wait_until(exported(42), timeout=DEADLINE, what="the counter to reach 42") == [42]
+
+        def firing():
+            return [a for a in prometheus_alerts(stack.prometheus_url)
+                    if a["labels"].get("alertname") == "TrainingTelemetrySpansDropped"
+                    and a["labels"].get("training_job_id") == job_id and a["state"] == "firing"]
+
+        (alert,) = wait_until(firing, timeout=DEADLINE, what="TrainingTelemetrySpansDropped firing")
+        assert alert["labels"]["training_rank"] == "3"
+        alert_webhook.wait_for_alert(
+            lambda p, a: a["labels"].get("alertname") == "TrainingTelemetrySpansDropped"
+            and a["labels"].get("training_job_id") == job_id and a["status"] == "firing",
+            timeout=DEADLINE,
+        )
+    finally:
+        provider.shutdown()

@@ -64,6 +64,13 @@ def test_render_rules_for_override():
     assert {r["for"] for g in shipped["groups"] for r in g["rules"] if "alert" in r} != {"1s"}
 
 
+def test_render_rules_replacements_must_match():
+    text = stack_mod.render_rules(for_override=None, replacements={"[10m]": "[20s]"})
+    assert "[10m]" not in text and "[20s]" in text
+    with pytest.raises(stack_mod.StackError, match="not found"):
+        stack_mod.render_rules(for_override=None, replacements={"[99h]": "[1s]"})
+
+
 def test_render_refuses_a_config_it_does_not_recognise(monkeypatch, tmp_path: Path):
     (tmp_path / "prometheus.yml").write_text("global: {}\n")
     monkeypatch.setattr(stack_mod, "CONFIG_DIR", tmp_path)
