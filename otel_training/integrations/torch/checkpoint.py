@@ -114,7 +114,7 @@ def save_wrapper(tracker: StepTracker) -> Callable[..., Any]:
         target = args[1] if len(args) > 1 else kwargs.get("f")
         path = _path_of(target)
         file = None if isinstance(target, (str, os.PathLike)) else target
-        return _run(tracker, True, path, "torch", lambda: wrapped(*args, **kwargs), file)
+        return _run(tracker, True, path, "torch.save", lambda: wrapped(*args, **kwargs), file)
 
     return wrapper
 
@@ -124,7 +124,7 @@ def load_wrapper(tracker: StepTracker) -> Callable[..., Any]:
         target = args[0] if args else kwargs.get("f")
         path = _path_of(target)
         file = None if isinstance(target, (str, os.PathLike)) else target
-        return _run(tracker, False, path, "torch", lambda: wrapped(*args, **kwargs), file)
+        return _run(tracker, False, path, "torch.load", lambda: wrapped(*args, **kwargs), file)
 
     return wrapper
 
