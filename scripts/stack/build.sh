@@ -220,8 +220,30 @@ if { [ "$what" = jaeger ] || [ -x "$OTELCOL_BIN" ]; } && { [ "$what" = collector
 fi
 
 setup_go
+build_all() {
+  # Both missing: build Jaeger in the background while the collector builds in
+  # the foreground (downloads of one overlap the compilation of the other).
+  if [ ! -x "$JAEGER_BIN" ] && [ ! -x "$OTELCOL_BIN" ]; then
+    mkdir -p "$LOG_DIR"
+    local jlog="$LOG_DIR/jaeger-build.log" jpid rc=0
+    log "building Jaeger in the background, log: $jlog"
+    ( build_jaeger ) >"$jlog" 2>&1 &
+    jpid=$!
+    build_collector || rc=$?
+    if ! wait "$jpid"; then
+      tail -n 40 "$jlog" >&2
+      die "jaeger build failed (full log: $jlog)"
+    fi
+    log "jaeger build finished (log: $jlog)"
+    [ "$rc" -eq 0 ] || exit "$rc"
+  else
+    build_collector
+    build_jaeger
+  fi
+}
+
 case "$what" in
-  all) build_collector; build_jaeger ;;
+  all) build_all ;;
   collector) build_collector ;;
   jaeger) build_jaeger ;;
 esac
