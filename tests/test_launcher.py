@@ -160,3 +160,16 @@ def test_opentelemetry_instrument_finds_the_entry_points(tmp_path: Path):
     assert time.monotonic() - started < 100
     counts = Counter(s["name"] for s in read_spans(out / "traces-r0.jsonl"))
     assert counts[sc.SPAN_STEP] == 5
+
+
+def test_the_watchdog_is_on_by_default_under_the_launcher() -> None:
+    from otel_training.cli.main import build_parser
+    from otel_training.cli.run import build_environment
+
+    parser = build_parser()
+    default = build_environment(parser.parse_args(["run", "--", "python", "x.py"]), {})
+    assert default["OTEL_TRAINING_WATCHDOG"] == "true"
+    off = build_environment(parser.parse_args(["run", "-o", "watchdog=false", "--", "python", "x.py"]), {})
+    assert off["OTEL_TRAINING_WATCHDOG"] == "false"
+    kept = build_environment(parser.parse_args(["run", "--", "python", "x.py"]), {"OTEL_TRAINING_WATCHDOG": "0"})
+    assert kept["OTEL_TRAINING_WATCHDOG"] == "0"

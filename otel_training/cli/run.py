@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--output-dir", help="directory of the trace files (OTEL_TRAINING_OUTPUT_DIR)")
     parser.add_argument("--service-name", help="service.name of the resource (OTEL_TRAINING_SERVICE_NAME)")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="any configure() option, e.g. -o stuck_threshold_s=600 (repeatable)")
+                        help="any configure() option, e.g. -o stuck_threshold_s=600 (repeatable); "
+                        "the watchdog sidecar is on by default here: -o watchdog=false turns it off")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     parser.set_defaults(handler=run)
 
@@ -43,6 +44,9 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     from otel_training.integrations.auto import ENV_OWNER
 
     env = dict(environ)
+    # Under the launcher a sidecar watchdog reports ranks that freeze or die
+    # (docs/stuck-detection.md); -o watchdog=false turns it off.
+    env.setdefault(ENV_PREFIX + "WATCHDOG", "true")
     settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
     for item in args.option:
         name, sep, value = item.partition("=")

@@ -35,14 +35,9 @@ from otel_training._contain import contained, log_once
 from otel_training.config import otel_env
 from otel_training.config.options import ConfigError, resolve
 from otel_training.config.resource import build_resource
-from otel_training.exporters.console import console_exporter
+from otel_training.exporters.factory import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
-from otel_training.exporters.otlp_json import (
-    OtlpJsonFileMetricExporter,
-    OtlpJsonFileSpanExporter,
-    metrics_file,
-    trace_file,
-)
+from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training.processors.open_spans import OpenSpanTracker
 
@@ -102,26 +97,6 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     thread = threading.Thread(target=run, name=f"otel-training-{name}", daemon=True)
     thread.start()
     return done.wait(max(0.0, timeout_s))
-
-
-def _otlp_span_exporter(environ: Mapping[str, str]) -> SpanExporter:
-    if otel_env.otlp_protocol(environ, "TRACES") == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-        return HttpExporter()
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-    return GrpcExporter()
-
-
-def _otlp_metric_exporter(environ: Mapping[str, str]) -> MetricExporter:
-    if otel_env.otlp_protocol(environ, "METRICS") == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
-
-        return HttpExporter()
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
-
-    return GrpcExporter()
 
 
 def default_exporter(environ: Mapping[str, str]) -> str:
@@ -196,22 +171,14 @@ class Telemetry:
 
     # -- construction -------------------------------------------------------
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
-        if self.exporter_name == "otlp":
-            return _otlp_span_exporter(environ)
         if self.exporter_name == "file":
             self.trace_path = trace_file(self.options["output_dir"], self.rank)
-            return OtlpJsonFileSpanExporter(self.trace_path)
-        if self.exporter_name == "console":
-            return console_exporter()
-        return None
+        return span_exporter(self.exporter_name, environ, self.trace_path)
 
     def _make_metric_exporter(self, environ: Mapping[str, str]) -> MetricExporter | None:
-        if self.exporter_name == "otlp":
-            return _otlp_metric_exporter(environ)
         if self.exporter_name == "file":
             self.metrics_path = metrics_file(self.options["output_dir"], self.rank)
-            return OtlpJsonFileMetricExporter(self.metrics_path)
-        return None
+        return metric_exporter(self.exporter_name, environ, self.metrics_path)
 
     # -- extension ----------------------------------------------------------
     def add_span_processor(self, processor: SpanProcessor) -> None:

@@ -80,19 +80,9 @@ def py_spy_stacks(pid: int) -> tuple[str | None, str | None]:
 
 def make_exporter(name: str, trace_path: str | None, environ: Mapping[str, str]) -> SpanExporter | None:
     """The training process's exporter, rebuilt from its settings (OTLP variables are inherited)."""
-    if name == "file" and trace_path:
-        from otel_training.exporters.otlp_json import OtlpJsonFileSpanExporter
+    from otel_training.exporters.factory import span_exporter
 
-        return OtlpJsonFileSpanExporter(trace_path)
-    if name == "otlp":
-        from otel_training.config.telemetry import _otlp_span_exporter
-
-        return _otlp_span_exporter(environ)
-    if name == "console":
-        from otel_training.exporters.console import console_exporter
-
-        return console_exporter()
-    return None
+    return span_exporter(name, environ, trace_path)
 
 
 class Watchdog:
