@@ -4,7 +4,9 @@ alerts file sink, Prometheus and Alertmanager's webhook.
 
 * ``otel-training demo`` with its injected stuck step;
 * a 2-rank job under torchrun with gloo (tests/e2e/train_worker.py, which
-  uses the events API), every rank's trace in Jaeger.
+  uses the events API), every rank's trace in Jaeger;
+* examples/ddp_gloo.py auto-instrumented by ``otel-training run``, every
+  rank's spans in Jaeger.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 from stack_helpers import prometheus_alerts, read_alert_sink, wait_until
 from training_helpers import (
     BIN,
+    REPO,
     Training,
     alert_fired,
     assert_training_tree,
@@ -158,3 +161,38 @@ def test_two_rank_torchrun_gloo_job_every_rank_in_jaeger(stack, tmp_path):
         assert len({s["trace_id"] for s in spans}) == 1  # one trace per rank
     assert len(run_ids) == 1  # one launch attempt of the job
     assert ranks[0][0]["trace_id"] != ranks[1][0]["trace_id"]
+
+
+def test_examples_ddp_gloo_under_otel_training_run_every_rank_in_jaeger(stack, tmp_path):
+    """The zero-code path: the unmodified example, auto-instrumented by the
+    launcher, under torchrun; each worker exports OTLP with its own rank."""
+    job_id = new_job_id("e2e-gloo")
+    service = f"{job_id}-svc"
+    batches = 3
+    argv = [str(BIN / "otel-training"), "run", "--",
+            *torchrun_argv(RANKS, "--batches", str(batches), "--checkpoint-dir", str(tmp_path), script=REPO / "examples" / "ddp_gloo.py")]
+    with Training(argv, env=training_env(stack, service=service, job_id=job_id), log=tmp_path / "torchrun.log") as job:
+        assert job.wait(timeout=180) == 0, job.output()[-4000:]
+        job.wait_all_exited(timeout=10)
+
+    def all_ranks():
+        spans = jaeger_spans(stack.jaeger_url, service)
+        ranks = [[s for s in spans if s["resource"].get("training.rank") == r] for r in range(RANKS)]
+        done = all(sum(s["name"] == "training.distributed.destroy" for s in r) == 1 for r in ranks)
+        return ranks if done else None
+
+    ranks = wait_until(all_ranks, timeout=DEADLINE, what="every rank's spans in Jaeger")
+    for rank, spans in enumerate(ranks):
+        assert {s["resource"]["training.world_size"] for s in spans} == {RANKS}
+        assert {s["resource"]["training.job.id"] for s in spans} == {job_id}
+        assert {s["attributes"]["training.instrumentation.source"] for s in spans} == {"torch"}
+        steps = [s for s in spans if s["name"] == "training.step"]
+        assert sorted(s["attributes"]["training.step"] for s in steps) == list(range(batches))
+        (init,) = [s for s in spans if s["name"] == "training.distributed.init"]
+        assert init["attributes"]["training.distributed.backend"] == "gloo"
+        assert init["attributes"]["training.distributed.rank"] == rank
+        assert init["attributes"]["training.distributed.world_size"] == RANKS
+        assert sum(s["name"] == "training.distributed.barrier" for s in spans) == 2
+        assert sum(s["name"] == "training.save_checkpoint" for s in spans) == (1 if rank == 0 else 0)
+        step_ids = {s["span_id"] for s in steps}
+        assert all(s["parent_id"] in step_ids for s in spans if s["name"] == "training.data_wait")

@@ -180,10 +180,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun_argv(nproc: int, *worker_args: str) -> list[str]:
-    """torchrun on loopback with a free rendezvous port, running train_worker.py."""
+def torchrun_argv(nproc: int, *script_args: str, script: Path = WORKER) -> list[str]:
+    """torchrun on loopback with a free rendezvous port, running ``script`` (train_worker.py)."""
     return [str(BIN / "torchrun"), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), str(WORKER), *worker_args]
+            "--master-port", str(free_port()), str(script), *script_args]
 
 
 def worker_argv(*worker_args: str) -> list[str]:
