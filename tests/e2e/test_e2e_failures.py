@@ -8,7 +8,9 @@ own (its collector gets killed, and its no-progress rule has short windows):
 * the collector killed mid-run and restarted: the training loop never waits,
   spans after the recovery arrive in Jaeger, and the spans lost meanwhile are
   counted the same by the final ``FlushResult``, the shutdown log line and the
-  ``training.telemetry.spans.dropped`` metric (which fires its rule).
+  ``training.telemetry.spans.dropped`` metric (which fires its rule);
+* the collector self-telemetry rules match the counter names of the
+  collector release we run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 import stack as stack_mod  # scripts/stack/stack.py
 from stack_helpers import read_alert_sink, scrape_samples, wait_until
 from training_helpers import (
@@ -29,6 +35,7 @@ from training_helpers import (
     alert_fired,
     jaeger_spans,
     new_job_id,
+    prometheus_query,
     read_timings,
     torchrun_argv,
     training_env,
@@ -230,3 +237,24 @@ def test_collector_killed_and_restarted_training_never_blocks_and_drops_are_coun
           f"(before {statistics.median(baseline) * 1e3:.1f} ms), max {max(outage) * 1e3:.1f} ms; "
           f"spans delivered {result['exported']}, dropped {result['dropped']}; steps missing in Jaeger {len(missing)}; "
           f"first step delivered after the restart began {recovery_delay:.1f} s after it")
+
+
+def test_collector_self_telemetry_rules_see_the_pinned_collector(stack):
+    """CollectorRefusingSpans' expression, evaluated by Prometheus on what it
+    scraped from the real collector, has a series for it (the rule must match
+    the counter names this collector release exposes)."""
+    rules = yaml.safe_load((stack_mod.CONFIG_DIR / "alert-rules.yml").read_text())
+    (expr,) = [r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CollectorRefusingSpans"]
+    assert expr.rstrip().endswith("> 0")
+    every_value = expr.rstrip()[: -len("> 0")] + ">= 0"
+    # The collector creates its receiver counters on the first request.
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=stack.otlp_grpc_endpoint, insecure=True, timeout=10)))
+    provider.get_tracer("e2e").start_span("e2e.probe").end()
+    provider.shutdown()
+
+    def collector_series():
+        return [r for r in prometheus_query(stack.prometheus_url, every_value)
+                if r["metric"].get("job") == "otel-collector" and r["metric"].get("receiver") == "otlp"]
+
+    wait_until(collector_series, timeout=DEADLINE, what="the collector's refused-spans counter through the rule's expression")
