@@ -63,7 +63,7 @@ def counter(url: str, name: str, **labels: str) -> float:
 class Counts:
     """The collector's and Jaeger's span counters at one moment."""
 
-    FIELDS = ("accepted", "refused", "failed", "sent", "send_failed", "enqueue_failed", "stored")
+    FIELDS = ("accepted", "refused", "failed", "sent", "send_failed", "enqueue_failed", "stored", "collector_cpu_s", "jaeger_cpu_s")
 
     def __init__(self, stack: stack_mod.Stack) -> None:
         collector = stack.collector_telemetry_url
@@ -77,9 +77,11 @@ class Counts:
         self.send_failed = counter(collector, "otelcol_exporter_send_failed_spans", **to_jaeger)
         self.enqueue_failed = counter(collector, "otelcol_exporter_enqueue_failed_spans", **to_jaeger)
         self.stored = counter(jaeger, "otelcol_exporter_sent_spans", exporter="jaeger_storage_exporter")
+        self.collector_cpu_s = counter(collector, "otelcol_process_cpu_seconds")
+        self.jaeger_cpu_s = counter(jaeger, "otelcol_process_cpu_seconds")
 
-    def minus(self, before: "Counts") -> dict[str, int]:
-        return {f: int(getattr(self, f) - getattr(before, f)) for f in self.FIELDS}
+    def minus(self, before: "Counts") -> dict[str, float]:
+        return {f: getattr(self, f) - getattr(before, f) for f in self.FIELDS}
 
 
 def rank_main(rank: int, world: int, job_id: str, args: argparse.Namespace, ready, results) -> None:  # noqa: ANN001
@@ -174,6 +176,7 @@ def run_load(stack: stack_mod.Stack, ranks: int, args: argparse.Namespace) -> di
         **delta,
         "collector_dropped": delta["refused"] + delta["failed"] + delta["send_failed"] + delta["enqueue_failed"],
         "delivered_per_s": delta["stored"] / wall_s, "wall_s": wall_s, "drain_s": max(0.0, wall_s - emit_s),
+        "per_collector_cpu_s": delta["accepted"] / delta["collector_cpu_s"] if delta["collector_cpu_s"] else 0.0,
     }
 
 
@@ -189,11 +192,15 @@ COLUMNS = [
     ("wall_s", "wall s", "{:.1f}"),
     ("drain_s", "drain s", "{:.1f}"),
     ("delivered_per_s", "delivered/s", "{:.0f}"),
+    ("collector_cpu_s", "collector CPU s", "{:.1f}"),
+    ("per_collector_cpu_s", "spans/collector CPU s", "{:.0f}"),
+    ("jaeger_cpu_s", "Jaeger CPU s", "{:.1f}"),
 ]
 
 
 def print_table(rows: list[dict[str, float]]) -> None:
-    cells = [[label for _, label, _ in COLUMNS]] + [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in rows]
+    cells = [[label for _, label, _ in COLUMNS]]
+    cells += [[fmt.format(int(row[key]) if fmt == "{:d}" else row[key]) for key, _, fmt in COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     for i, line in enumerate(cells):
         print("| " + " | ".join(c.rjust(w) for c, w in zip(line, widths)) + " |")
@@ -231,9 +238,9 @@ def main() -> int:
             for ranks in counts:
                 row = run_load(stack, ranks, args)
                 rows.append(row)
-                lost = row["created"] - row["stored"]
-                print(f"  {ranks} ranks: {row['steps']} steps, {row['created']} spans, {row['stored']} stored by Jaeger, "
-                      f"{lost} not (SDK dropped {row['sdk_dropped']}, collector dropped {row['collector_dropped']})"
+                print(f"  {ranks} ranks: {row['steps']} steps, {row['created']} spans, {row['stored']:.0f} stored by Jaeger, "
+                      f"{row['created'] - row['stored']:.0f} not (SDK dropped {row['sdk_dropped']}, "
+                      f"collector dropped {row['collector_dropped']:.0f})"
                       + ("" if row["reported"] == ranks else f"; only {row['reported']} ranks reported"), flush=True)
     print()
     print_table(rows)
