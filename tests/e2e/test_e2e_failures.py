@@ -31,6 +31,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 import stack as stack_mod  # scripts/stack/stack.py
 from stack_helpers import read_alert_sink, scrape_samples, wait_until
 from training_helpers import (
+    DEADLINE,
+    E2E_MARKS,
     Training,
     alert_fired,
     jaeger_spans,
@@ -42,9 +44,7 @@ from training_helpers import (
     worker_argv,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # a cold cache builds the binaries first
-
-DEADLINE = 60.0
+pytestmark = E2E_MARKS
 
 # TrainingNoProgress waits for 10 minutes without a step, then 2 more; here 10 s and 2 s.
 NO_PROGRESS_WINDOW = {"[10m]": "[10s]", "for: 2m": "for: 2s"}
@@ -52,17 +52,15 @@ NO_PROGRESS_WINDOW = {"[10m]": "[10s]", "for: 2m": "for: 2s"}
 
 @pytest.fixture(scope="module")
 def failure_stack(stack_binaries, alert_webhook, tmp_path_factory) -> Iterator[stack_mod.Stack]:
-    s = stack_mod.Stack(tmp_path_factory.mktemp("failure-stack"), binaries=stack_binaries,
-                        webhook_url=alert_webhook.url, fast=True, rule_replacements=NO_PROGRESS_WINDOW)
+    """A stack of this module's own, stopped when the module is done."""
+    own = stack_mod.Stack(tmp_path_factory.mktemp("failure-stack"), binaries=stack_binaries,
+                          webhook_url=alert_webhook.url, fast=True, rule_replacements=NO_PROGRESS_WINDOW)
     try:
-        s.start()
+        with own:  # start() ... stop()
+            yield own
     except stack_mod.StackError as exc:
-        pytest.fail(f"the native stack did not start: {exc}", pytrace=False)
-    try:
-        yield s
-    finally:
-        s.stop()
-        assert not [n for n, p in s.procs.items() if p.running()], "stack processes survived stop()"
+        pytest.fail(f"the failure tests' stack did not start: {exc}", pytrace=False)
+    assert not [name for name, proc in own.procs.items() if proc.running()], "stack processes survived stop()"
 
 
 def _webhook_alert(alertname: str, job_id: str, status: str = "firing"):

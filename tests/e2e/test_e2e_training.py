@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from stack_helpers import prometheus_alerts, read_alert_sink, wait_until
 from training_helpers import (
     BIN,
+    DEADLINE,
+    E2E_MARKS,
     REPO,
     Training,
     alert_fired,
@@ -27,9 +28,7 @@ from training_helpers import (
     training_env,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # a cold cache builds the binaries first
-
-DEADLINE = 60.0
+pytestmark = E2E_MARKS
 
 # The demo's stuck step hangs for 1.6 x the threshold, so the rank is "stuck"
 # (reported, not yet recovered) for 0.6 x the threshold. That window must

@@ -23,8 +23,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from stack import http_get, wait_until  # scripts/stack/stack.py
 from stack_helpers import jaeger_traces, span_tags
+
+#: The marks of these tests: e2e, and a timeout that lets a cold cache build the binaries first.
+E2E_MARKS = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+#: How long a test waits for anything to show up in a sink (Jaeger, the alerts file, Prometheus, the webhook).
+DEADLINE = 60.0
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
