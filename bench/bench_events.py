@@ -6,7 +6,14 @@ machine noise hits both alike. Costs are process CPU time (the batch worker's
 export work included), and the figure of merit is the median of the per-round
 ratios (goal <= 1.15); the spread of those ratios says how noisy the run was.
 
-    .venv/bin/python bench/bench_events.py [--spans 20000] [--rounds 7]
+``--default-pipeline`` adds the figure users get: ``trainer.step()`` under the
+default ``configure()`` options (metrics and live goodput on; exporter "none"
+plus the same discarding BatchSpanProcessor; the exit/signal hooks, which cost
+nothing per span, left off), and the training-thread cost of the
+``GoodputSpanProcessor`` alone (on_start + on_end per step span, thread CPU
+time) next to its cost on the metric reader's thread when it collects.
+
+    .venv/bin/python bench/bench_events.py [--spans 20000] [--rounds 11] [--default-pipeline]
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ import gc
 import statistics
 import time
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_training
 from otel_training.config import telemetry as telemetry_module
+from otel_training.processors.goodput import GoodputSpanProcessor
 
 
 class _Discard(SpanExporter):
@@ -42,9 +52,10 @@ def bare_sdk(n: int) -> float:
     return elapsed / n / 1000
 
 
-def otel_training_step(n: int) -> float:
-    telemetry = otel_training.configure(reconfigure=True, exporter="none", metrics=False, goodput=False,
-                                        signal_hooks=False, exception_hooks=False)
+def otel_training_step(n: int, **options: bool) -> float:
+    options = {"metrics": False, "goodput": False, **options}
+    telemetry = otel_training.configure(reconfigure=True, exporter="none", signal_hooks=False, exception_hooks=False,
+                                        **options)
     # Same sink as the bare side: a BatchSpanProcessor to a discarding exporter.
     batch = telemetry_module._CountingBatchSpanProcessor(_Discard())
     telemetry.add_span_processor(batch)
@@ -58,30 +69,74 @@ def otel_training_step(n: int) -> float:
     return elapsed / n / 1000
 
 
+def default_pipeline_step(n: int) -> float:
+    """``trainer.step()`` with the default options: metrics and live goodput on."""
+    return otel_training_step(n, metrics=True, goodput=True)
+
+
+def goodput_processor(n: int) -> tuple[float, float]:
+    """µs per step span of the GoodputSpanProcessor: on the training thread, and at collection."""
+    reader = InMemoryMetricReader()
+    processor = GoodputSpanProcessor(MeterProvider(metric_readers=[reader], shutdown_on_exit=False))
+    tracer = TracerProvider(shutdown_on_exit=False).get_tracer("bench")
+    spans = [tracer.start_span("training.step", attributes={"training.step": step, "training.batch.size": 32})
+             for step in range(n)]
+    for span in spans:
+        span.end()
+    start = time.thread_time_ns()
+    for span in spans:
+        processor.on_start(span)
+        processor.on_end(span)
+    on_thread = time.thread_time_ns() - start
+    start = time.thread_time_ns()
+    reader.get_metrics_data()
+    collecting = time.thread_time_ns() - start
+    return on_thread / n / 1000, collecting / n / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--default-pipeline", action="store_true",
+                        help="also measure trainer.step() with the default options (metrics, goodput) "
+                             "and the GoodputSpanProcessor alone")
     args = parser.parse_args()
-    bare_sdk(2000), otel_training_step(2000)  # warm up imports and caches
-    bare, ours, ratios = [], [], []
+    sides = {"bare": bare_sdk, "ours": otel_training_step}
+    if args.default_pipeline:
+        sides["default"] = default_pipeline_step
+        sides["goodput"] = goodput_processor
+    for measure in sides.values():
+        measure(2000)  # warm up imports and caches
+    results: dict[str, list] = {name: [] for name in sides}
     for round_index in range(args.rounds):
-        # Same conditions for both: a collected heap, no collection mid-measure,
-        # and the order alternated so neither side always runs second.
-        sides = [(bare, bare_sdk), (ours, otel_training_step)]
-        for results, measure in sides if round_index % 2 == 0 else reversed(sides):
+        # Same conditions for all: a collected heap, no collection mid-measure,
+        # and the order rotated so no side always runs first or last.
+        names = list(sides)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             gc.collect()
             gc.disable()
             try:
-                results.append(measure(args.spans))
+                results[name].append(sides[name](args.spans))
             finally:
                 gc.enable()
-        ratios.append(ours[-1] / bare[-1])
-    b, o = statistics.median(bare), statistics.median(ours)
-    print(f"bare SDK span + BatchSpanProcessor : {b:6.1f} µs CPU/span (median of {args.rounds} rounds of {args.spans})")
-    print(f"trainer.step() (otel_training)      : {o:6.1f} µs CPU/span")
-    print(f"ratio trainer.step / bare SDK       : {statistics.median(ratios):.3f} median of per-round ratios "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f}; goal <= 1.15)")
+    bare = results["bare"]
+    b = statistics.median(bare)
+    print(f"bare SDK span + BatchSpanProcessor    : {b:6.1f} µs CPU/span (median of {args.rounds} rounds of {args.spans})")
+    rows = [("ours", "trainer.step(), metrics+goodput off")]
+    if args.default_pipeline:
+        rows.append(("default", "trainer.step(), default configure()"))
+    for name, label in rows:
+        ratios = [side / base for side, base in zip(results[name], bare)]
+        print(f"{label:38s}: {statistics.median(results[name]):6.1f} µs CPU/span, ratio to bare "
+              f"{statistics.median(ratios):.3f} median of per-round ratios "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f}; goal <= 1.15)")
+    if args.default_pipeline:
+        on_thread = statistics.median(cost[0] for cost in results["goodput"])
+        collecting = statistics.median(cost[1] for cost in results["goodput"])
+        print(f"GoodputSpanProcessor per step span    : {on_thread:6.2f} µs on the training thread (on_start + on_end), "
+              f"{collecting:.2f} µs on the metric reader's thread")
 
 
 if __name__ == "__main__":
