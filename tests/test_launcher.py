@@ -132,6 +132,18 @@ def test_torchrun_workers_each_trace_with_their_own_rank(tmp_path: Path):
         assert counts[sc.SPAN_SAVE_CHECKPOINT] == (1 if rank == 0 else 0)
 
 
+def test_lightning_example_writes_nothing_into_the_current_directory(tmp_path: Path):
+    pytest.importorskip("lightning")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = tmp_path / "traces"
+    result = _run([sys.executable, str(REPO / "examples" / "lightning_fit.py"), "--output-dir", str(out),
+                   "--epochs", "1"], cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(cwd.iterdir()) == []  # Lightning's checkpoints went elsewhere
+    assert Counter(s["name"] for s in read_spans(out / "traces-r0.jsonl"))[sc.SPAN_STEP] > 0
+
+
 def test_opentelemetry_instrument_finds_the_entry_points(tmp_path: Path):
     # A throwaway distribution that only declares the entry points pyproject will declare.
     dist_info = tmp_path / "site" / "otel_training_entry_points-0.0.0.dist-info"
