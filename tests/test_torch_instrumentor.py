@@ -337,3 +337,122 @@ def test_instrumentation_errors_never_reach_the_training_loop(instrumented, monk
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
     assert model[0].weight.grad is not None
+
+
+# -- dormant instrumentation: a process started by an instrumented one (auto-instrumentation)
+
+
+@pytest.fixture
+def unconfigured(monkeypatch):
+    """This process as a freshly spawned one: nothing configured yet."""
+    from otel_training.config import telemetry as telemetry_module
+
+    monkeypatch.setattr(telemetry_module, "_current", None)
+
+
+def train(model, optimizer, batches: int) -> None:
+    for x, y in make_loader(batches):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def test_dormant_instrumentation_records_and_configures_nothing_until_the_process_trains(
+        configure, unconfigured, tmp_path: Path):
+    import torch.distributed as dist
+
+    from otel_training.config.telemetry import get_telemetry
+
+    claims = []
+
+    def claim(rank, world_size):
+        claims.append((rank, world_size))
+        configure(rank=rank, world_size=world_size)
+        return True
+
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument(claim=claim)
+    try:
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        # What a DataLoader worker or a helper process does: blocking fetches,
+        # forward passes in training mode, a save. No backward, no optimizer.
+        for x, _y in make_loader(2, delay_s=0.001):
+            model(x)
+        torch.save(model.state_dict(), tmp_path / "before.pt")
+        assert claims == [] and get_telemetry() is None
+        started = time.time_ns()
+        # Positional arguments, as a spawned rank may pass its rank.
+        dist.init_process_group("gloo", f"tcp://127.0.0.1:{_free_port()}", None, 1, 0)
+        try:
+            assert claims == [(0, 1)]
+            train(model, optimizer, 3)
+            torch.save(model.state_dict(), tmp_path / "after.pt")
+        finally:
+            dist.destroy_process_group()
+        telemetry = get_telemetry()
+    finally:
+        instrumentor.uninstrument()
+
+    assert claims == [(0, 1)]
+    spans = spans_of(telemetry)
+    assert min(s["start"] for s in spans) >= started  # nothing from before the claim
+    assert [s["attributes"][sc.STEP] for s in named(spans, sc.SPAN_STEP)] == [0, 1, 2]
+    (init,) = named(spans, sc.SPAN_DISTRIBUTED_INIT)
+    assert init["attributes"][sc.DISTRIBUTED_RANK] == 0
+    (save,) = named(spans, sc.SPAN_SAVE_CHECKPOINT)
+    assert save["attributes"][sc.CHECKPOINT_PATH] == str(tmp_path / "after.pt")
+
+
+@pytest.mark.parametrize("outcome", ["refused", "raises"])
+def test_a_refused_or_failing_claim_leaves_the_process_uninstrumented_and_training(
+        unconfigured, outcome, tmp_path: Path):
+    from otel_training.config.telemetry import get_telemetry
+
+    claims = []
+
+    def claim(rank, world_size):
+        claims.append((rank, world_size))
+        if outcome == "raises":
+            raise RuntimeError("configure failed")
+        return False
+
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument(claim=claim)
+    try:
+        model = make_model()
+        before = model[0].weight.detach().clone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(model, optimizer, 3)  # the first backward claims: no process group, rank unknown
+        torch.save(model.state_dict(), tmp_path / "model.pt")
+    finally:
+        instrumentor.uninstrument()
+    assert claims == [(None, None)]  # once
+    assert get_telemetry() is None  # nothing configured a pipeline behind its back
+    assert not torch.equal(before, model[0].weight)
+
+
+def test_a_dormant_process_its_own_code_configures_is_traced_without_a_claim(configure, unconfigured):
+    claims = []
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument(claim=lambda rank, world_size: claims.append((rank, world_size)) or True)
+    try:
+        telemetry = configure()  # the user's own configure() in the spawned function
+        model = make_model()
+        train(model, torch.optim.SGD(model.parameters(), lr=0.01), 3)
+    finally:
+        instrumentor.uninstrument()
+    assert claims == []
+    assert len(named(spans_of(telemetry), sc.SPAN_STEP)) == 3
+
+
+def test_init_process_group_rank_from_arguments_or_url():
+    import torch.distributed as dist
+
+    from otel_training.integrations.torch.distributed import init_rank
+
+    init = dist.init_process_group
+    assert init_rank(init, ("gloo",), {"rank": 1, "world_size": 2}) == (1, 2)
+    assert init_rank(init, ("gloo", None, None, 4, 3), {}) == (3, 4)
+    assert init_rank(init, ("gloo", "tcp://127.0.0.1:1234?rank=5&world_size=8"), {}) == (5, 8)
+    assert init_rank(init, ("gloo", "env://"), {}) == (None, None)  # RANK/WORLD_SIZE: configure() reads them

@@ -3,13 +3,18 @@
 Rendezvous and the first collective are where multi-node jobs hang or wait
 longest, so they get spans with the backend, rank and world size. The rank and
 world size also reach the resource, through the launcher's RANK/WORLD_SIZE
-variables that ``configure()`` reads.
+variables that ``configure()`` reads; in a dormant process (a rank started with
+``torch.multiprocessing.spawn``, which gets its rank as an argument),
+``init_process_group`` claims the process with the rank and world size it is
+given.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
@@ -37,10 +42,34 @@ def _group_attributes() -> dict[str, Any]:
     }
 
 
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, list) and value and str(value[0]).isdigit():  # a URL query value
+        return int(value[0])
+    return None
+
+
+@contained(default=(None, None))
+def init_rank(wrapped: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The rank and world size ``init_process_group`` is called with (arguments, then the
+    ``tcp://...?rank=&world_size=`` URL); None for what only the environment knows (``env://``)."""
+    bound = inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
+    rank, world_size = _int_or_none(bound.get("rank")), _int_or_none(bound.get("world_size"))
+    init_method = bound.get("init_method")
+    if isinstance(init_method, str) and "?" in init_method and (rank is None or world_size is None):
+        query = parse_qs(urlsplit(init_method).query)
+        rank = rank if rank is not None else _int_or_none(query.get("rank"))
+        world_size = world_size if world_size is not None else _int_or_none(query.get("world_size"))
+    return rank, world_size
+
+
 def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
     span_name, boundary = FUNCTIONS[function]
 
     def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if function == "init_process_group" and tracker.inert:
+            tracker.wake(*init_rank(wrapped, args, kwargs))
         token = _begin(tracker, span_name, boundary, function, args, kwargs)
         try:
             result = wrapped(*args, **kwargs)

@@ -10,6 +10,11 @@ process-group setup; ``uninstrument()`` removes every one of them.
 When torch is not imported yet, instrumenting waits for its import (a post-import
 hook), so a launcher can instrument at interpreter start without paying torch's
 import time in programs that never use it.
+
+``instrument(claim=...)`` installs everything dormant: nothing is recorded (and
+nothing configured) until the process trains, then ``claim(rank, world_size)``
+configures it (see ``steps.StepTracker``). Auto-instrumentation uses it for the
+processes an instrumented process starts.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # A generation number lets a pending post-import hook notice uninstrument().
         self._generation = getattr(self, "_generation", 0) + 1
         self._undo: list[Callable[[], None]] = []
+        self._claim = kwargs.get("claim")
         generation = self._generation
         if "torch" in sys.modules:
             self._patch_torch()
@@ -68,7 +74,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         from otel_training.integrations.torch import checkpoint, distributed
         from otel_training.integrations.torch.steps import StepTracker
 
-        tracker = StepTracker()
+        tracker = StepTracker(claim=self._claim)
         TorchInstrumentor.tracker = tracker
         self._undo.append(tracker.shutdown)
         for register, hook in (

@@ -29,6 +29,14 @@ closed at an odd moment cannot leave the user's context in a wrong state.
 Only one thread drives steps: the first thread that begins one. Every entry
 point here is contained: an internal error is logged once, never raised into
 the training loop.
+
+A tracker given a ``claim`` callable starts *dormant* (auto-instrumentation of
+a process started by an instrumented one: a rank started with
+``torch.multiprocessing.spawn``, or a DataLoader worker): it records nothing
+and configures nothing until the process trains (``init_process_group``, a
+backward pass, an optimizer step), then calls ``claim(rank, world_size)`` once,
+which configures the pipeline with the process's rank. A process configured
+meanwhile by its own code wakes the tracker without a claim.
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ from typing import Any
 import torch
 
 from otel_training import semconv as sc
-from otel_training._contain import contained
+from otel_training._contain import contained, log_once
+from otel_training.config.telemetry import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.events.runtime import runtime
@@ -56,15 +65,21 @@ DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
 #: A begun span and the step context it was begun in (None: the caller's context).
 Token = tuple[Duration, "contextvars.Context | None"]
+#: ``claim(rank, world_size) -> bool``: configure a dormant process that began training.
+Claim = Callable[[Any, Any], bool]
 
 
 class StepTracker:
     """The step state machine; the instrumentor feeds it hook calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, claim: Claim | None = None) -> None:
         self.trainer = TrainerProcess()
         #: Set by framework callbacks that emit their own step spans.
         self.suspended = False
+        #: Records nothing: dormant until the process trains (``claim`` pending), or the claim was refused.
+        self.inert = claim is not None
+        self._claim = claim
+        self._claim_lock = threading.Lock()
         #: ``optimizer.step()`` calls in any thread (tells a GradScaler skip apart).
         self.optimizer_calls = 0
         self._owner: int | None = None
@@ -86,9 +101,38 @@ class StepTracker:
         self._complete = False
         self._wait_ns = 0
 
+    # -- dormancy -------------------------------------------------------------
+    def _asleep(self) -> bool:
+        """True while inert; a dormant tracker wakes when the process got configured by other means."""
+        if self._claim is not None and get_telemetry() is not None:
+            self.wake()
+        return self.inert
+
+    @contained(default=None)
+    def wake(self, rank: int | None = None, world_size: int | None = None) -> None:
+        """The process does training work: claim it (once) if dormant, and start recording if it is ours."""
+        if self._claim is None:
+            return
+        with self._claim_lock:
+            claim, self._claim = self._claim, None
+            if claim is None:
+                return
+            claimed = False
+            if get_telemetry() is not None:
+                claimed = True
+            else:
+                try:
+                    claimed = bool(claim(rank, world_size))
+                except Exception:  # noqa: BLE001 - stay inert, never break training
+                    log_once("torch-claim", "otel_training: could not configure this training process; "
+                             "it runs uninstrumented")
+            self.inert = not claimed
+        if claimed:
+            self._arm_forward()
+
     # -- ownership ----------------------------------------------------------
     def _mine(self) -> bool:
-        if self.suspended:
+        if self.suspended or (self.inert and self._asleep()):
             return False
         ident = threading.get_ident()
         if self._owner is None:
@@ -150,7 +194,7 @@ class StepTracker:
 
     # -- the forward pre-hook, armed only while no step is open -------------
     def _arm_forward(self) -> None:
-        if self._forward_handle is None and not self.suspended:
+        if self._forward_handle is None and not self.suspended and not self.inert:
             self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
 
     def _disarm_forward(self) -> None:
@@ -174,6 +218,8 @@ class StepTracker:
     @contained(default=None)
     def fetch_begin(self, iterator: Any) -> int | None:
         """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
+        if self.inert and self._asleep():
+            return None
         exhausted = _exhausted(iterator)
         if self._mine():
             self._boundary(fetch=True)
@@ -198,7 +244,9 @@ class StepTracker:
     @contained(default=None)
     def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
         """Begin a checkpoint or distributed span: inside the step in progress, or after
-        closing a step that only waited for its boundary (``boundary=True``)."""
+        closing a step that only waited for its boundary (``boundary=True``). None while inert."""
+        if self.inert and self._asleep():
+            return None
         if boundary and self._mine():
             self._boundary(fetch=True)
         return self._begin_in_step(duration)
@@ -227,6 +275,8 @@ class StepTracker:
 
     @contained(default=None)
     def backward_begin(self) -> None:
+        if self._claim is not None:
+            self.wake()
         if not self._mine():
             return
         self._boundary(fetch=False)
@@ -241,6 +291,8 @@ class StepTracker:
     @contained(default=None)
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_calls += 1
+        if self._claim is not None:
+            self.wake()
         if not self._mine() or self._step is not None:
             return
         if not self._just_closed:
