@@ -5,7 +5,7 @@ running job exports and the figure its report prints come from one
 implementation.
 """
 
-from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, Timeline, span_label
+from otel_training.analysis.badput import BUCKETS, LABELLED_SPAN_NAMES, PRODUCTIVE, Timeline, span_label
 from otel_training.analysis.goodput import GoodputAccount, RunAccountant, RunSummary, account
 from otel_training.analysis.records import RunKey, SpanRecord
 from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats
@@ -13,6 +13,7 @@ from otel_training.analysis.stragglers import StragglerScore, straggler_scores
 
 __all__ = [
     "BUCKETS",
+    "LABELLED_SPAN_NAMES",
     "MIN_STEPS",
     "PRODUCTIVE",
     "GoodputAccount",

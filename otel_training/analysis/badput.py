@@ -64,6 +64,9 @@ _SPAN_LABELS: dict[str, str] = {
     sc.SPAN_PREDICT: sc.BADPUT_EVALUATION,
 }
 
+#: Names of the spans whose time gets a label (``span_label`` is not None for exactly these).
+LABELLED_SPAN_NAMES: frozenset[str] = frozenset(_SPAN_LABELS)
+
 
 def span_label(name: str, evaluation_is_productive: bool = False) -> str | None:
     """The label a span's time gets, or None when the span does not classify time (epoch, train, ...).
