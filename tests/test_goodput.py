@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
+from otel_training import _contain
 from otel_training import semconv as sc
+from otel_training.processors import goodput
 from otel_training.processors.goodput import GoodputSpanProcessor
 
 import goodput_traces as crafted
 
 
 class Pipeline:
-    def __init__(self, origin_s: float, now_s: float, **options: Any) -> None:
+    def __init__(self, origin_s: float, now_s: float, reader: InMemoryMetricReader | None = None,
+                 **options: Any) -> None:
         self.now_ns = crafted._s(now_s)
-        self.reader = InMemoryMetricReader()
+        self.reader = reader or InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
         origin = crafted._s(origin_s)
         self.processor = GoodputSpanProcessor(self.meter_provider, clock=lambda: origin, **options)
@@ -52,6 +57,18 @@ class Pipeline:
                 for metric in scope_metrics.metrics:
                     found[metric.name] = list(metric.data.data_points)
         return found
+
+
+    def steps(self, count: int, start_s: float = 0.0, duration_s: float = 2.0) -> list[Any]:
+        """``count`` back-to-back step spans of ``duration_s``, carrying samples; the ended SDK spans."""
+        spans = []
+        for index in range(count):
+            start_s_of_step = start_s + index * duration_s
+            span = self.tracer.start_span(sc.SPAN_STEP, attributes={sc.SAMPLES: 8},
+                                          start_time=crafted._s(start_s_of_step))
+            span.end(end_time=crafted._s(start_s_of_step + duration_s))
+            spans.append(span)
+        return spans
 
 
 def _run(rank: int, restart: int) -> list[dict[str, Any]]:
@@ -145,3 +162,71 @@ def test_goodput_option_off_installs_nothing(configure) -> None:
     telemetry = configure(exporter="none", goodput=False)
     processors = telemetry.tracer_provider._active_span_processor._span_processors  # noqa: SLF001
     assert not any(isinstance(processor, GoodputSpanProcessor) for processor in processors)
+
+
+class _Spy:
+    """Stands in for a synchronous instrument: counts calls and the threads they came from."""
+
+    def __init__(self, instrument: Any, calls: list[str]) -> None:
+        self._instrument, self._calls = instrument, calls
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(threading.current_thread().name)
+            return getattr(self._instrument, method)(*args, **kwargs)
+
+        return call
+
+
+def test_the_training_thread_does_no_metric_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = Pipeline(0, 100)
+    processor = pipeline.processor
+    calls: list[str] = []
+    for name in ("_step_duration", "_tokens_rate", "_samples_rate", "_deviation"):
+        monkeypatch.setattr(processor, name, _Spy(getattr(processor, name), calls))
+    records: list[str] = []
+    build = goodput._record
+    monkeypatch.setattr(goodput, "_record", lambda span: records.append(threading.current_thread().name) or build(span))
+
+    pipeline.steps(12)  # past MIN_STEPS: the ideal and the deviation exist
+    assert calls == [] and records == []  # no instrument call and no record built while spans start and end
+
+    collector = threading.Thread(target=pipeline.metrics, name="collector")
+    collector.start()
+    collector.join()
+    assert calls and set(calls) == {"collector"}
+    assert records == ["collector"] * 12
+
+
+def test_values_recorded_in_the_callbacks_land_in_the_same_collection() -> None:
+    # Delta temporality: a value recorded in a callback but collected a round late would show here.
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: AggregationTemporality.DELTA})
+    pipeline = Pipeline(0, 100, reader=reader)
+    spans = pipeline.steps(3)
+    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    assert (steps.count, steps.sum) == (3, pytest.approx(6.0))
+    # Exemplars (trace-based filter) point at the step spans themselves.
+    assert {exemplar.span_id for exemplar in steps.exemplars} <= {span.context.span_id for span in spans}
+    assert steps.exemplars
+
+    pipeline.steps(2, start_s=6)
+    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    assert steps.count == 2
+
+
+def test_the_queue_is_bounded_and_what_it_drops_is_counted_and_logged_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_contain, "_seen", set())
+    pipeline = Pipeline(0, 100, max_pending=5)
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        pipeline.steps(8)
+    assert pipeline.processor.dropped == 3
+    warnings = [record for record in caplog.records if "goodput queue full" in record.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    assert steps.count == 5  # the first five; the other three are left out
+
+    pipeline.steps(5, start_s=16)  # a collection empties the queue
+    assert pipeline.processor.dropped == 3
+    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    assert steps.count == 10
