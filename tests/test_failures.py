@@ -157,3 +157,94 @@ def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> N
     assert process.returncode == 0
     assert exit_time < 1.8, f"exit took {exit_time:.2f} s after the loop (budget 1 s)"
     assert "100 span(s) were not delivered" in stderr
+
+
+def _start_in_own_group(script: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update(env_extra or {})
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def _stop_group(process: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)
+
+
+def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
+    """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once.
+
+    glibc's system() waits with waitpid() and retries it on EINTR, so the main
+    thread never returns to Python to run a Python-level handler.
+    """
+    process = _start_in_own_group(
+        f"""
+        import ctypes, otel_training
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
+        with otel_training.TrainerProcess().step(global_step=9):
+            print("blocked", flush=True)
+            ctypes.CDLL(None).system(b"sleep 20")
+        """
+    )
+    try:
+        assert process.stdout.readline().strip() == "blocked"
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(timeout=15)
+        assert returncode == -signal.SIGTERM
+        assert time.monotonic() - started < 5, "the handler waited for the C call to return"
+    finally:
+        _stop_group(process)
+    (step,) = [s for s in read_spans(tmp_path / "traces-r0.jsonl") if s["name"] == "training.step"]
+    assert step["status"]["code"] == STATUS_ERROR
+    assert step["events"][0]["attributes"][sc.SIGNAL_NAME] == "SIGTERM"
+
+
+def test_a_second_signal_during_the_exit_flush_neither_hangs_nor_restarts_it() -> None:
+    with socket.socket() as blackhole:  # a collector that never answers: the flush takes its whole budget
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(16)
+        process = _start_in_own_group(
+            """
+            import time, otel_training
+            otel_training.configure(exit_timeout_s=1.5)
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("ready", flush=True)
+                time.sleep(60)
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "ready"
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # the second signal must land inside the first one's flush
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=15) == -signal.SIGTERM
+            assert time.monotonic() - started < 4.5
+        finally:
+            _stop_group(process)
+
+
+def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:
+    """Pool workers terminated with SIGTERM must not end their copies of the parent's step."""
+    script = f"""
+        import multiprocessing, otel_training
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
+        trainer = otel_training.TrainerProcess()
+        with trainer.train():
+            with trainer.step(global_step=1):
+                with multiprocessing.get_context("fork").Pool(2) as pool:
+                    assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+                # leaving the with block terminate()s the workers: SIGTERM
+        """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                            timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    assert result.returncode == 0, result.stderr
+    spans = read_spans(tmp_path / "traces-r0.jsonl")
+    ids = [span["span_id"] for span in spans]
+    assert len(ids) == len(set(ids)) == 2, [(s["name"], s["status"], s["resource"]["process.pid"]) for s in spans]
+    assert all(span["status"].get("code", 0) != STATUS_ERROR for span in spans)

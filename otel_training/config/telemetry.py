@@ -99,6 +99,19 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     return done.wait(max(0.0, timeout_s))
 
 
+def _check_output_dir(output_dir: str) -> None:
+    """Fail before training, not at the first export, when the trace directory is unusable."""
+    path = Path(output_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"option output_dir={output_dir!r} (OTEL_TRAINING_OUTPUT_DIR): cannot create the "
+                          f"trace directory: {error.strerror or error}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"option output_dir={output_dir!r} (OTEL_TRAINING_OUTPUT_DIR): the trace directory "
+                          "is not writable")
+
+
 def default_exporter(environ: Mapping[str, str]) -> str:
     """``otlp`` when a collector endpoint is configured, else the embedded ``file``."""
     if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
@@ -172,6 +185,7 @@ class Telemetry:
     # -- construction -------------------------------------------------------
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
         if self.exporter_name == "file":
+            _check_output_dir(self.options["output_dir"])
             self.trace_path = trace_file(self.options["output_dir"], self.rank)
         return span_exporter(self.exporter_name, environ, self.trace_path)
 
@@ -225,10 +239,15 @@ class Telemetry:
 
     def shutdown(self, timeout_s: float = 5.0) -> FlushResult:
         """Flush, then stop exporting; returns within ``timeout_s`` and says what was lost."""
-        with self._shutdown_lock:
+        start = time.monotonic()
+        # Bounded even here: a second shutdown (a signal arriving during the
+        # atexit one) must not wait longer than asked, let alone deadlock.
+        if not self._shutdown_lock.acquire(timeout=max(0.0, timeout_s)):
+            exported, dropped, pending = self._counts()
+            return FlushResult(False, exported, dropped, pending, time.monotonic() - start)
+        try:
             if self._shutdown_result is not None:
                 return self._shutdown_result
-            start = time.monotonic()
             deadline = start + max(0.0, timeout_s)
             for callback in reversed(self._on_shutdown):
                 contained()(callback)()
@@ -254,6 +273,8 @@ class Telemetry:
                     dropped, self.exporter_name, exported,
                 )
             return result
+        finally:
+            self._shutdown_lock.release()
 
     def _atexit(self) -> None:
         if not self.is_shut_down:
@@ -301,7 +322,8 @@ def _install_plugins(telemetry: Telemetry) -> None:
             slot = contained()(watchdog.start)(telemetry)
         telemetry.stuck = StuckSpanProcessor.from_options(  # type: ignore[attr-defined]
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
-            flush=telemetry.force_flush, exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
+            flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
+            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
         telemetry.add_span_processor(telemetry.stuck)  # type: ignore[attr-defined]
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     if telemetry.options["goodput"] and telemetry.meter_provider is not None:
@@ -317,6 +339,14 @@ def _install_plugins(telemetry: Telemetry) -> None:
         )
     for plugin in _plugins:
         plugin(telemetry)
+
+
+def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
+    """The stuck detector's exit action would lose the open spans, the stuck step first of all."""
+    from otel_training.events.hooks import end_open_spans
+
+    end_open_spans(telemetry, sc.EVENT_ALERT, {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ACTION: "exit"},
+                   f"exited with code {telemetry.options['stuck_exit_code']}: a watched span was stuck")
 
 
 def register_plugin(plugin: Callable[[Telemetry], None]) -> None:
@@ -349,15 +379,29 @@ def configure(*, reconfigure: bool = False, config_file: str | None = None, **op
                 return _current
             _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
         telemetry = Telemetry(resolved)
+        try:
+            _install_plugins(telemetry)
+        except BaseException:
+            # Never publish a half-built pipeline: the next configure() starts afresh.
+            telemetry.shutdown(timeout_s=1.0)
+            raise
         first = _current is None
         _current = telemetry
         if resolved["set_global"] and first:
             _set_global(telemetry)
-        _install_plugins(telemetry)
         from otel_training.events import hooks
 
         hooks.install(telemetry)
         return telemetry
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader or Pool worker) owns none of its parent's open spans."""
+    if _current is not None:
+        _current.open_spans.shutdown()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _set_global(telemetry: Telemetry) -> None:

@@ -19,6 +19,7 @@ import json
 import os
 import queue
 import threading
+import weakref
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,9 @@ class DLRoverLogProcessor(SpanProcessor):
         self.dropped = 0
         self.written = 0
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
-        self._pid = os.getpid()
+        self._stopped = False
         self._start_thread()
-        os.register_at_fork(after_in_child=self._after_fork)
+        _processors.add(self)
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-training-dlrover-log", daemon=True)
@@ -64,7 +65,6 @@ class DLRoverLogProcessor(SpanProcessor):
     def _after_fork(self) -> None:
         # A forked child (a DataLoader worker) gets a fresh queue and writer.
         self._queue = queue.Queue(self._queue.maxsize)
-        self._pid = os.getpid()
         self._start_thread()
 
     def _put(self, item: Any) -> None:
@@ -143,9 +143,24 @@ class DLRoverLogProcessor(SpanProcessor):
         return done.wait(timeout_millis / 1000)
 
     def shutdown(self) -> None:
+        self._stopped = True
+        _processors.discard(self)
         self.force_flush(1000)
         try:
             self._queue.put(_STOP, timeout=1.0)
         except queue.Full:
             pass
         self._thread.join(1.0)
+
+
+_processors: weakref.WeakSet[DLRoverLogProcessor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """One fork hook for all live processors; shut-down ones start nothing in the child."""
+    for processor in list(_processors):
+        if not processor._stopped:  # noqa: SLF001
+            processor._after_fork()  # noqa: SLF001
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,6 +20,7 @@ import os
 import struct
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -88,6 +89,14 @@ class SlotWriter:
         self._span_id = 0
         #: The watchdog process reading this slot, when ``watchdog.start`` made it.
         self.process: subprocess.Popen[bytes] | None = None
+        _writers.add(self)
+
+    def _detach_after_fork(self) -> None:
+        # A forked child (a DataLoader worker) must not write the parent's slot,
+        # least of all "closed" at its exit, which would stop the parent's watchdog.
+        # A private buffer keeps begin/end free of any per-step pid check.
+        self._map = mmap.mmap(-1, SIZE)
+        self.process = None
 
     def begin(self, span: Span, parent_context: Context | None, start_s: float, threshold_s: float) -> None:
         context = span.context
@@ -125,6 +134,17 @@ class SlotWriter:
             self._map.flush()
         except ValueError:
             pass  # already closed
+
+
+_writers: weakref.WeakSet[SlotWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_writers):
+        writer._detach_after_fork()  # noqa: SLF001
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SlotReader:
