@@ -45,11 +45,39 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({"rank": True}, {}, r"rank.*True"),
         ({"exporterr": "file"}, {}, r"unknown option 'exporterr'.*did you mean 'exporter'"),
         ({}, {"OTEL_TRAINING_OUTPUTDIR": "x"}, r"unknown option 'outputdir'.*OTEL_TRAINING_OUTPUTDIR"),
+        ({}, {"OTEL_TRAINING_STUCK_SIGNAL": "SIGFOO"}, r"OTEL_TRAINING_STUCK_SIGNAL.*'SIGFOO'.*signal name"),
+        ({"stuck_span_names": ["training.step=abc"]}, {}, r"stuck_span_names.*'abc' of 'training.step'"),
+        ({}, {"OTEL_TRAINING_STUCK_SPAN_NAMES": "training.step=-5"}, r"OTEL_TRAINING_STUCK_SPAN_NAMES.*>= 0"),
+        ({"stuck_exit_code": 300}, {}, r"stuck_exit_code.*300.*0\.\.255"),
     ],
 )
 def test_bad_values_name_option_and_value(arguments: dict, environ: dict, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         resolve(arguments, environ)
+
+
+def test_an_unusable_output_directory_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"output_dir=.*a-file/traces.*cannot create the trace directory"):
+        otel_training.configure(reconfigure=True, exporter="file", output_dir=str(blocker / "traces"))
+
+
+def test_a_failed_configure_publishes_no_half_built_pipeline(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_training.config import telemetry as telemetry_module
+
+    good = configure(exporter="none")
+
+    def broken_plugin(telemetry) -> None:
+        raise RuntimeError("plugin bug")
+
+    monkeypatch.setattr(telemetry_module, "_plugins", [broken_plugin])
+    with pytest.raises(RuntimeError, match="plugin bug"):
+        otel_training.configure(reconfigure=True, exporter="console")
+    assert otel_training.get_telemetry() is good or otel_training.get_telemetry().is_shut_down
+    monkeypatch.setattr(telemetry_module, "_plugins", [])
+    rebuilt = configure(exporter="console", stuck_threshold_s=5)
+    assert rebuilt.exporter_name == "console" and hasattr(rebuilt, "stuck")
 
 
 def test_config_error_is_a_value_error() -> None:

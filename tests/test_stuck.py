@@ -286,10 +286,11 @@ def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
         otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.3,
                                 stuck_action="exit", stuck_exit_code=42)
         trainer = otel_training.TrainerProcess()
-        with trainer.step(global_step=1):
-            pass
-        with trainer.step(global_step=2):
-            time.sleep(60)
+        with trainer.epoch(epoch=0):
+            with trainer.step(global_step=1):
+                pass
+            with trainer.step(global_step=2):
+                time.sleep(60)
         print("not reached")
         """,
         tmp_path,
@@ -300,6 +301,11 @@ def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
     alert = next(span for span in spans if span["name"] == sc.SPAN_ALERT)
     assert alert["attributes"][sc.ALERT_ACTION] == "exit"
     assert alert["attributes"][sc.STEP] == 2
+    # The open spans were ended before the exit, so the trace holds the stuck step itself.
+    stuck_step = next(span for span in spans if span["name"] == sc.SPAN_STEP and span["attributes"][sc.STEP] == 2)
+    assert stuck_step["status"]["code"] == 2
+    assert alert["parent_id"] == stuck_step["span_id"]
+    assert next(span for span in spans if span["name"] == sc.SPAN_EPOCH)["status"]["code"] == 2
 
 
 def test_signal_action_signals_the_process(tmp_path: Path) -> None:

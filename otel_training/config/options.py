@@ -119,6 +119,33 @@ def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
     return parse_positive
 
 
+def _parse_span_rules(value: Any) -> tuple[str, ...]:
+    names = _parse_str_list(value)
+    from otel_training.processors.stuck import parse_span_names  # the one grammar of "name=seconds"
+
+    parse_span_names(names)  # raises ValueError naming the bad item
+    return names
+
+
+def _parse_signal(value: Any) -> str:
+    import signal
+
+    text = str(value).strip().upper() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    try:
+        number = int(text) if text.isdigit() else None
+        return signal.Signals(number).name if number is not None else signal.Signals[
+            text if text.startswith("SIG") else "SIG" + text].name
+    except (KeyError, ValueError):
+        raise ValueError("expected a signal name or number, e.g. SIGTERM") from None
+
+
+def _parse_exit_code(value: Any) -> int:
+    code = _parse_int(value)
+    if not 0 <= code <= 255:
+        raise ValueError("expected an exit code in 0..255")
+    return code
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -181,13 +208,13 @@ OPTIONS: tuple[Option, ...] = (
     # Stuck-step detection (see docs/stuck-detection.md).
     Option("stuck_threshold_s", _optional(_parse_seconds), None,
            "Alert when a watched span stays open longer than this. Unset and not adaptive: detection off."),
-    Option("stuck_span_names", _parse_str_list, ("training.step",),
+    Option("stuck_span_names", _parse_span_rules, ("training.step",),
            'Span names (or fnmatch patterns, optionally "name=seconds") the stuck detector watches.'),
     Option("stuck_adaptive", _parse_bool, False, "Learn each watched span name's threshold from its history."),
     Option("stuck_action", _choice("none", "exit", "signal"), "none",
            'What to do on a stuck alert besides reporting it: "none", "exit" or "signal".'),
-    Option("stuck_exit_code", _parse_int, 75, 'Exit code of the "exit" stuck action.'),
-    Option("stuck_signal", _parse_str, "SIGTERM", 'Signal sent to the process by the "signal" stuck action.'),
+    Option("stuck_exit_code", _parse_exit_code, 75, 'Exit code of the "exit" stuck action.'),
+    Option("stuck_signal", _parse_signal, "SIGTERM", 'Signal sent to the process by the "signal" stuck action.'),
     Option("stuck_escalation_s", _optional(_parse_seconds), None,
            "Repeat the stuck alert every this many seconds while the span stays open (default: the threshold)."),
     Option("watchdog", _parse_bool, False,

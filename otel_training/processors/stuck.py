@@ -105,15 +105,29 @@ class _Watched:
 
 
 def parse_span_names(span_names: Iterable[str] | Mapping[str, float | None]) -> dict[str, float | None]:
-    """``{"name": seconds or None}`` from names, patterns or ``"name=seconds"`` strings."""
+    """``{"name": seconds or None}`` from names, patterns or ``"name=seconds"`` strings.
+
+    Raises ``ValueError`` for an empty name or a threshold that is not a number >= 0.
+    """
     if isinstance(span_names, str):
         span_names = [span_names]
-    if isinstance(span_names, Mapping):
-        return {str(name): (None if seconds is None else float(seconds)) for name, seconds in span_names.items()}
+    items = (span_names.items() if isinstance(span_names, Mapping)
+             else (str(item).partition("=")[::2] for item in span_names))
     rules: dict[str, float | None] = {}
-    for item in span_names:
-        name, _, seconds = str(item).partition("=")
-        rules[name.strip()] = float(seconds) if seconds.strip() else None
+    for name, seconds in items:
+        name = str(name).strip()
+        if not name:
+            raise ValueError("a watched span name is empty")
+        if seconds is None or (isinstance(seconds, str) and not seconds.strip()):
+            rules[name] = None
+            continue
+        try:
+            value = float(seconds)
+        except (TypeError, ValueError):
+            raise ValueError(f"threshold {seconds!r} of {name!r} is not a number of seconds") from None
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"threshold {seconds!r} of {name!r} must be a finite number of seconds >= 0")
+        rules[name] = value
     return rules
 
 
@@ -144,6 +158,7 @@ class StuckSpanProcessor(SpanProcessor):
         exit_code: int = 75,
         signal: int | str = signal_module.SIGTERM,
         flush: Callable[[float], Any] | None = None,
+        before_exit: Callable[[], Any] | None = None,
         exit_flush_timeout_s: float = 2.0,
         stacks: bool = True,
         tracer_provider: TracerProvider | None = None,
@@ -164,6 +179,7 @@ class StuckSpanProcessor(SpanProcessor):
         self._exit_code = exit_code
         self._signal = signal_module.Signals[signal] if isinstance(signal, str) else signal_module.Signals(signal)
         self._flush = flush
+        self._before_exit = before_exit
         self._exit_flush_timeout_s = exit_flush_timeout_s
         self._stacks = stacks
         self._tracer = (tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
@@ -444,6 +460,9 @@ class StuckSpanProcessor(SpanProcessor):
             self._exiting = True
             logger.warning("otel_training: exiting with code %d (stuck %s) so the launcher restarts this rank",
                            self._exit_code, entry.span.name)
+            if self._before_exit is not None:
+                # e.g. end the open spans (the stuck step, its epoch) so the trace holds them
+                self._guarded(self._before_exit)
             flusher = threading.Thread(target=self._guarded, args=(self._flush_now, self._exit_flush_timeout_s),
                                        name="otel-training-stuck-exit-flush", daemon=True)
             flusher.start()
