@@ -7,12 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from requirements import require
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from otlp_json import read_spans  # noqa: E402
 
 from otel_training import semconv as sc  # noqa: E402
@@ -42,7 +43,7 @@ def instrumented(configure):
 
 
 def test_lightning_callback(instrumented, tmp_path: Path):
-    lightning = pytest.importorskip("lightning")
+    lightning = require("lightning")
     from otel_training.integrations.lightning import OpenTelemetryCallback
 
     class Tiny(lightning.LightningModule):
@@ -93,7 +94,7 @@ def test_lightning_callback(instrumented, tmp_path: Path):
 
 
 def test_lightning_exception_fails_open_spans(instrumented, tmp_path: Path):
-    lightning = pytest.importorskip("lightning")
+    lightning = require("lightning")
     from otel_training.integrations.lightning import OpenTelemetryCallback
 
     class Exploding(lightning.LightningModule):
@@ -120,7 +121,7 @@ def test_lightning_exception_fails_open_spans(instrumented, tmp_path: Path):
 
 
 def test_transformers_trainer_callback(instrumented, tmp_path: Path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     from otel_training.integrations.transformers import OpenTelemetryCallback
 
     config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -161,7 +162,7 @@ def test_transformers_trainer_callback(instrumented, tmp_path: Path):
 
 
 def test_keras_callback(configure):
-    keras = pytest.importorskip("keras")
+    keras = require("keras")
     from otel_training.integrations.keras import OpenTelemetryCallback
 
     telemetry = configure()
