@@ -14,8 +14,10 @@ from otel_training.events.process import Process
 from otel_training.processors.dlrover_log import DLRoverLogProcessor
 from otel_training.processors.goodput import GoodputSpanProcessor
 from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
+from otel_training.processors.thresholds import AdaptiveSettings
 
 __all__ = [
+    "AdaptiveSettings",
     "AgentProcess",
     "ConfigError",
     "DLRoverLogProcessor",
