@@ -132,6 +132,41 @@ def test_torchrun_workers_each_trace_with_their_own_rank(tmp_path: Path):
         assert counts[sc.SPAN_SAVE_CHECKPOINT] == (1 if rank == 0 else 0)
 
 
+def test_run_configures_a_script_without_the_torch_extra(tmp_path: Path):
+    # opentelemetry-instrumentation comes with the [torch] extra only: shadow it
+    # with a package that fails to import, as a missing one does.
+    blocker = tmp_path / "blocker" / "opentelemetry" / "instrumentation"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'opentelemetry.instrumentation'\", "
+        "name='opentelemetry.instrumentation')\n"
+    )
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(
+        """
+        import sys
+        import otel_training
+        from otel_training.events.predefined import TrainerProcess
+        try:
+            import opentelemetry.instrumentation  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            sys.exit(3)  # the blocker did not work
+        if otel_training.get_telemetry() is None:
+            sys.exit(4)  # the launcher did not configure this process
+        with TrainerProcess().init():
+            pass
+        """
+    ))
+    out = tmp_path / "traces"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "blocker"))
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(out), "--", sys.executable, str(script)], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "unavailable" not in result.stderr and "failed" not in result.stderr, result.stderr
+    assert [s["name"] for s in read_spans(out / "traces-r0.jsonl")] == [sc.SPAN_INIT]
+
+
 def test_lightning_example_writes_nothing_into_the_current_directory(tmp_path: Path):
     pytest.importorskip("lightning")
     cwd = tmp_path / "cwd"

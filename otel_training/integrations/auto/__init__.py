@@ -9,18 +9,21 @@ trainer's rank and write to its trace file. So a process is instrumented only
 when it is not a known launcher and no ancestor was instrumented: the first
 instrumented process of a tree marks the environment with its pid, and its
 descendants see a mark that is not theirs.
+
+This module needs only the core package: the ``opentelemetry-instrumentation``
+distro and configurator live in ``.distro`` (the ``[torch]`` extra), reached
+through this module's attributes for the entry points, and torch is
+instrumented only when it is imported and the extra is installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from opentelemetry.instrumentation.distro import BaseDistro
-from opentelemetry.sdk._configuration import _BaseConfigurator
 
 #: Pid of the process of this tree that auto-instrumentation instrumented.
 ENV_OWNER = "OTEL_TRAINING__AUTO_OWNER"
@@ -71,6 +74,39 @@ def claim() -> bool:
     return _decision[1]
 
 
+def instrument_torch() -> None:
+    """Instrument torch when the program imports it (not before: programs without torch pay nothing).
+
+    Without torch, or without the ``[torch]`` extra (wrapt, opentelemetry-instrumentation),
+    this does nothing.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return
+    try:
+        import wrapt
+    except ImportError:
+        _extra_missing("wrapt")
+        return
+    wrapt.register_post_import_hook(lambda module: _instrument_imported_torch(), "torch")
+
+
+def _instrument_imported_torch() -> None:
+    try:
+        from otel_training.integrations.torch import TorchInstrumentor
+    except ImportError as error:
+        _extra_missing(error.name or str(error))
+        return
+    try:
+        TorchInstrumentor().instrument()
+    except Exception as error:  # noqa: BLE001 - never break `import torch`
+        logger.error("otel_training: torch is not instrumented: %s", error)
+
+
+def _extra_missing(name: str) -> None:
+    logger.warning("otel_training: torch is not instrumented (%s is missing; pip install 'otel-training[torch]')",
+                   name)
+
+
 def auto_instrument() -> Any:
     """Configure from the environment and instrument torch (when it is imported); never raises.
 
@@ -80,36 +116,25 @@ def auto_instrument() -> Any:
         if not claim():
             return None
         from otel_training.config.telemetry import configure
-        from otel_training.integrations.torch import TorchInstrumentor
 
         telemetry = configure()
-        TorchInstrumentor().instrument()
-        return telemetry
     except Exception as error:  # noqa: BLE001 - never break the program being launched
         logger.error("otel_training: auto-instrumentation failed, the program runs uninstrumented: %s", error)
         return None
+    try:
+        instrument_torch()
+    except Exception as error:  # noqa: BLE001
+        logger.error("otel_training: torch is not instrumented: %s", error)
+    return telemetry
 
 
-class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
-    """The ``opentelemetry_distro`` entry point: selects our configurator, skips launchers."""
+def __getattr__(name: str) -> Any:
+    # The entry points name these here; they need opentelemetry-instrumentation.
+    if name in ("OtelTrainingDistro", "OtelTrainingConfigurator"):
+        from otel_training.integrations.auto import distro
 
-    def _configure(self, **kwargs: Any) -> None:
-        os.environ.setdefault("OTEL_PYTHON_CONFIGURATOR", "otel_training")
-
-    def load_instrumentor(self, entry_point: Any, **kwargs: Any) -> None:
-        if entry_point.name == INSTRUMENTOR_NAME and not claim():
-            return
-        super().load_instrumentor(entry_point, **kwargs)
-
-
-class OtelTrainingConfigurator(_BaseConfigurator):  # type: ignore[misc]
-    """The ``opentelemetry_configurator`` entry point: ``configure()`` from the environment."""
-
-    def _configure(self, **kwargs: Any) -> None:
-        if claim():
-            from otel_training.config.telemetry import configure
-
-            configure()
+        return getattr(distro, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
