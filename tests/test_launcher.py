@@ -16,7 +16,7 @@ import pytest
 from otlp_json import read_spans
 
 from otel_training import semconv as sc
-from otel_training.integrations.auto import is_launcher, should_instrument
+from otel_training.integrations.auto import DESCENDANT, LAUNCHER, OWNER, decide, is_launcher
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -48,15 +48,40 @@ def _run(args: list[str], timeout: float = 120, **kwargs) -> subprocess.Complete
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=kwargs.pop("cwd", REPO), **kwargs)
 
 
+def _run_in_own_session(args: list[str], tmp_path: Path, timeout: float) -> tuple[int | None, str]:
+    """Run ``args`` in a new session, output to files, and kill the whole session afterwards.
+
+    A failing ``torch.multiprocessing.spawn`` job can orphan its DataLoader
+    workers (a worker that starts after its rank died waits forever); they keep
+    pipes open, so ``subprocess.run`` would wait for them. Returns (exit status
+    or None on timeout, stderr).
+    """
+    stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(args, stdout=stdout, stderr=stderr, cwd=tmp_path, start_new_session=True)
+    try:
+        returncode: int | None = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        returncode = None
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # our session only: leftovers of this job
+        except ProcessLookupError:
+            pass
+        process.wait()
+    return returncode, stderr_path.read_text()
+
+
 def test_launcher_detection():
     assert is_launcher(["python", "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py"])
     assert is_launcher(["python", "-u", "-m", "torch.distributed.run", "train.py"])
     assert not is_launcher(["python", "-u", "train.py"])
     assert not is_launcher(["python", "-c", "import torchrun"])
     assert not is_launcher(["python", "-m", "mypackage.train"])
-    assert should_instrument({}, ["python", "train.py"], 10)
-    assert should_instrument({"OTEL_TRAINING__AUTO_OWNER": "10"}, ["python", "train.py"], 10)
-    assert not should_instrument({"OTEL_TRAINING__AUTO_OWNER": "9"}, ["python", "train.py"], 10)
+    assert decide({}, ["python", "train.py"], 10) == OWNER
+    assert decide({"OTEL_TRAINING__AUTO_OWNER": "10"}, ["python", "train.py"], 10) == OWNER
+    assert decide({"OTEL_TRAINING__AUTO_OWNER": "9"}, ["python", "train.py"], 10) == DESCENDANT
+    assert decide({"OTEL_TRAINING__AUTO_OWNER": "9"}, ["python", "/venv/bin/torchrun", "t.py"], 10) == LAUNCHER
 
 
 def test_run_instruments_an_unmodified_script_and_forwards_the_exit_code(tmp_path: Path):
@@ -130,6 +155,72 @@ def test_torchrun_workers_each_trace_with_their_own_rank(tmp_path: Path):
         assert init["attributes"][sc.DISTRIBUTED_RANK] == rank
         assert init["attributes"][sc.DISTRIBUTED_WORLD_SIZE] == 2
         assert counts[sc.SPAN_SAVE_CHECKPOINT] == (1 if rank == 0 else 0)
+
+
+SPAWN_DDP = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import otel_training
+
+    class Probe(torch.utils.data.Dataset):
+        # Each item says which process produced it and whether that process has a pipeline.
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, index):
+            return torch.randn(4), float(otel_training.get_telemetry() is not None), os.getpid()
+
+    def worker(rank, steps, spawned_loader):
+        # Instrumentation is lazy in a spawned process: nothing until it trains.
+        assert otel_training.get_telemetry() is None, "configured before training"
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        extra = dict(num_workers=1, multiprocessing_context="spawn") if rank == spawned_loader else {}
+        loader = torch.utils.data.DataLoader(Probe(), batch_size=1, **extra)
+        for x, configured, pid in loader:
+            assert pid.item() == os.getpid() or not configured.item(), f"DataLoader worker {pid.item()} configured"
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        dist.barrier()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = sys.argv[1]
+        mp.spawn(worker, args=(3, int(sys.argv[2])), nprocs=2)
+    """
+)
+
+
+def test_ranks_started_with_multiprocessing_spawn_each_trace_with_their_own_rank(tmp_path: Path):
+    script = tmp_path / "spawn_ddp.py"
+    script.write_text(SPAWN_DDP)
+    out = tmp_path / "traces"
+    spawned_loader = 1  # this rank's DataLoader worker is a spawned process: it stays uninstrumented
+    returncode, stderr = _run_in_own_session(
+        [OTEL_TRAINING, "run", "--output-dir", str(out), "--", sys.executable, str(script),
+         str(_free_port()), str(spawned_loader)], tmp_path, timeout=180)
+    assert returncode == 0, stderr[-3000:]
+    assert sorted(p.name for p in out.glob("traces-*.jsonl")) == ["traces-r0.jsonl", "traces-r1.jsonl"]
+    pids, jobs = set(), set()
+    for rank in (0, 1):
+        spans = read_spans(out / f"traces-r{rank}.jsonl")
+        assert {s["resource"][sc.TRAINING_RANK] for s in spans} == {rank}
+        assert {s["resource"][sc.TRAINING_WORLD_SIZE] for s in spans} == {2}
+        pids |= {s["resource"][sc.PROCESS_PID] for s in spans}
+        jobs |= {s["resource"][sc.TRAINING_JOB_ID] for s in spans}
+        counts = Counter(s["name"] for s in spans)
+        assert counts[sc.SPAN_STEP] == 3, counts
+        assert counts[sc.SPAN_DISTRIBUTED_INIT] == 1 and counts[sc.SPAN_DISTRIBUTED_DESTROY] == 1
+        (init,) = [s for s in spans if s["name"] == sc.SPAN_DISTRIBUTED_INIT]
+        assert init["attributes"][sc.DISTRIBUTED_RANK] == rank
+    assert len(pids) == 2  # one process per rank: neither the parent nor a DataLoader worker
+    assert len(jobs) == 1  # the ranks of one job share its id
 
 
 def test_run_configures_a_script_without_the_torch_extra(tmp_path: Path):
@@ -207,6 +298,30 @@ def test_opentelemetry_instrument_finds_the_entry_points(tmp_path: Path):
     assert time.monotonic() - started < 100
     counts = Counter(s["name"] for s in read_spans(out / "traces-r0.jsonl"))
     assert counts[sc.SPAN_STEP] == 5
+
+
+def test_the_distro_loads_the_instrumentor_dormant_in_descendants_and_not_in_launchers(monkeypatch):
+    from otel_training.integrations import auto
+    from otel_training.integrations.auto.distro import OtelTrainingDistro
+
+    calls: list[dict] = []
+
+    class Instrumentor:
+        def instrument(self, **kwargs):
+            calls.append(kwargs)
+
+    class EntryPoint:
+        name = auto.INSTRUMENTOR_NAME
+
+        def load(self):
+            return Instrumentor
+
+    expected = {auto.OWNER: [{}], auto.DESCENDANT: [{"claim": auto.claim_training_process}], auto.LAUNCHER: []}
+    for role, calls_expected in expected.items():
+        calls.clear()
+        monkeypatch.setattr(auto, "_decision", (os.getpid(), role))
+        OtelTrainingDistro().load_instrumentor(EntryPoint())
+        assert calls == calls_expected, role
 
 
 def test_the_watchdog_is_on_by_default_under_the_launcher() -> None:

@@ -5,7 +5,9 @@ instruments at interpreter start goes first on ``PYTHONPATH`` (as
 ``opentelemetry-instrument`` does), and the command is exec'd: it keeps this
 process, so its exit status and the signals sent to it are exactly its own.
 Launchers (``torchrun``) pass the environment on, so every worker is
-instrumented with its own rank, and the launcher itself is not.
+instrumented with its own rank, and the launcher itself is not; processes the
+program starts (``torch.multiprocessing.spawn`` ranks) are traced from their
+first training work on (``otel_training.integrations.auto``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     """The child's environment; raises ConfigError for an unknown option or a bad value."""
     from otel_training.config import otel_env
     from otel_training.config.options import ENV_PREFIX, ConfigError, resolve
-    from otel_training.integrations.auto import ENV_OWNER
+    from otel_training.integrations.auto import ENV_JOB_ID, ENV_OWNER
 
     env = dict(environ)
     # Under the launcher a sidecar watchdog reports ranks that freeze or die
@@ -61,6 +63,7 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *path])
     env.pop(ENV_OWNER, None)  # a new process tree
+    env.pop(ENV_JOB_ID, None)
     return env
 
 

@@ -1,4 +1,9 @@
-"""The ``opentelemetry-instrument`` entry points (they need the ``[torch]`` extra's opentelemetry-instrumentation)."""
+"""The ``opentelemetry-instrument`` entry points (they need the ``[torch]`` extra's opentelemetry-instrumentation).
+
+Roles as in ``otel_training.integrations.auto``: a launcher gets neither a
+pipeline nor the torch instrumentor, the owner both, and a descendant the
+instrumentor dormant until it trains.
+"""
 
 from __future__ import annotations
 
@@ -18,16 +23,18 @@ class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
         os.environ.setdefault("OTEL_PYTHON_CONFIGURATOR", "otel_training")
 
     def load_instrumentor(self, entry_point: Any, **kwargs: Any) -> None:
-        if entry_point.name == auto.INSTRUMENTOR_NAME and not auto.claim():
-            return
+        if entry_point.name == auto.INSTRUMENTOR_NAME:
+            decided = auto.role()
+            if decided == auto.LAUNCHER:
+                return
+            if decided == auto.DESCENDANT:
+                kwargs["claim"] = auto.claim_training_process
         super().load_instrumentor(entry_point, **kwargs)
 
 
 class OtelTrainingConfigurator(_BaseConfigurator):  # type: ignore[misc]
-    """The ``opentelemetry_configurator`` entry point: ``configure()`` from the environment."""
+    """The ``opentelemetry_configurator`` entry point: ``configure()`` from the environment (owner only)."""
 
     def _configure(self, **kwargs: Any) -> None:
-        if auto.claim():
-            from otel_training.config.telemetry import configure
-
-            configure()
+        if auto.role() == auto.OWNER:
+            auto.configure_owner()
