@@ -116,7 +116,14 @@ def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
     alert = wait_for_alert(tmp_path / "traces" / "traces-r0.jsonl", sc.ALERT_KIND_DIED, sc.ALERT_SOURCE_WATCHDOG)
     assert alert["parent_id"] == span_id
     assert alert["attributes"][sc.STEP] == 7 and alert["attributes"][sc.EPOCH] == 0
+    assert alert["attributes"][sc.ALERT_COUNT] == 1
     assert alert["resource"][sc.PROCESS_PID] == process.pid
+    # The step the process died in, which it could never end, is exported by the watchdog.
+    (dead_step,) = [span for span in read_spans(tmp_path / "traces" / "traces-r0.jsonl")
+                    if span["span_id"] == span_id]
+    assert dead_step["name"] == sc.SPAN_STEP and dead_step["attributes"][sc.STEP] == 7
+    assert dead_step["status"]["code"] == 2 and dead_step["trace_id"] == alert["trace_id"]
+    assert dead_step["end"] - dead_step["start"] > 0
 
 
 def test_a_clean_exit_raises_nothing_and_the_watchdog_leaves(tmp_path: Path) -> None:

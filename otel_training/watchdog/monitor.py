@@ -32,9 +32,10 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
@@ -87,8 +88,10 @@ def make_exporter(name: str, trace_path: str | None, environ: Mapping[str, str])
 
 class Watchdog:
     def __init__(self, slot: SlotReader, pid: int, provider: TracerProvider, *, grace_s: float = 1.0,
-                 poll_s: float = 0.1, escalation_s: float | None = None) -> None:
+                 poll_s: float = 0.1, escalation_s: float | None = None,
+                 span_exporter: SpanExporter | None = None) -> None:
         self.slot = slot
+        self.span_exporter = span_exporter
         self.pid = pid
         self.provider = provider
         self.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
@@ -116,7 +119,11 @@ class Watchdog:
             state = self.slot.read()
             if died:
                 if state.state != STATE_CLOSED:
-                    self._alert(sc.ALERT_KIND_DIED, state, time.monotonic_ns(), None, None)
+                    now = time.monotonic_ns()
+                    self._count = self._count + 1 if self._reported_span == state.span_id else 1
+                    self._alert(sc.ALERT_KIND_DIED, state, now, None, None)
+                    if state.open:
+                        self._export_dead_span(state, now)
                 return 0
             self._check(state)
             if state.state == STATE_CLOSED:
@@ -180,6 +187,40 @@ class Watchdog:
                        f"in {state.name} step {state.step}" if state.open else "")
 
 
+    def _export_dead_span(self, state: SlotState, now_ns: int) -> None:
+        """The span the process died in, which it could never end: rebuilt from the slot, ended ERROR.
+
+        Without it the died alert (and the rank's last step) would point at a parent
+        that never reaches the backend.
+        """
+        if self.span_exporter is None:
+            return
+        wall_now = time.time_ns()
+        attributes: dict[str, Any] = {}
+        if state.step is not None:
+            attributes[sc.STEP] = state.step
+        if state.epoch is not None:
+            attributes[sc.EPOCH] = state.epoch
+        span = ReadableSpan(
+            name=state.name,
+            context=SpanContext(state.trace_id, state.span_id, is_remote=False,
+                                trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+            resource=self.provider.resource,
+            attributes=attributes,
+            events=[Event(sc.ALERT_KIND_DIED, {sc.ALERT_PID: state.pid or self.pid,
+                                               sc.ALERT_SOURCE: sc.ALERT_SOURCE_WATCHDOG}, wall_now)],
+            status=Status(StatusCode.ERROR, f"process {state.pid or self.pid} died in this span"),
+            start_time=wall_now - (now_ns - state.begin_ns),
+            end_time=wall_now,
+            instrumentation_scope=InstrumentationScope(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL),
+        )
+        try:
+            self.span_exporter.export([span])
+        except Exception:  # noqa: BLE001 - the alert itself is already out
+            logger.warning("otel_training watchdog: could not export the span pid %d died in", self.pid,
+                           exc_info=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     parser = argparse.ArgumentParser(prog="python -m otel_training.watchdog",
@@ -211,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         provider.add_span_processor(SimpleSpanProcessor(exporter))  # one alert, exported at once
     try:
         return Watchdog(SlotReader(args.slot), args.pid, provider, grace_s=args.grace, poll_s=args.poll,
-                        escalation_s=args.escalation).run()
+                        escalation_s=args.escalation, span_exporter=exporter).run()
     finally:
         provider.shutdown()
         try:
