@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from requirements import require
 from otlp_json import read_spans
 
 from otel_training import semconv as sc
@@ -259,7 +260,7 @@ def test_run_configures_a_script_without_the_torch_extra(tmp_path: Path):
 
 
 def test_lightning_example_writes_nothing_into_the_current_directory(tmp_path: Path):
-    pytest.importorskip("lightning")
+    require("lightning")
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = tmp_path / "traces"

@@ -9,8 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from requirements import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 import torch.optim.optimizer as optimizer_module  # noqa: E402
 import torch.utils.data.dataloader as dataloader_module  # noqa: E402
