@@ -56,6 +56,10 @@ def otel_training_step(n: int, **options: bool) -> float:
     options = {"metrics": False, "goodput": False, **options}
     telemetry = otel_training.configure(reconfigure=True, exporter="none", signal_hooks=False, exception_hooks=False,
                                         **options)
+    if options["goodput"]:
+        # configure() installs it only with a metric exporter (file or otlp); with
+        # exporter "none" add it by hand so the row measures what users run.
+        telemetry.add_span_processor(GoodputSpanProcessor(telemetry.meter_provider))
     # Same sink as the bare side: a BatchSpanProcessor to a discarding exporter.
     batch = telemetry_module._CountingBatchSpanProcessor(_Discard())
     telemetry.add_span_processor(batch)

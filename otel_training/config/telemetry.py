@@ -326,7 +326,8 @@ def _install_plugins(telemetry: Telemetry) -> None:
             exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
         telemetry.add_span_processor(telemetry.stuck)  # type: ignore[attr-defined]
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
-    if telemetry.options["goodput"] and telemetry.meter_provider is not None:
+    # Only with a metric reader: nothing would ever collect what it queues.
+    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001
         from otel_training.processors.goodput import GoodputSpanProcessor
 
         telemetry.add_span_processor(
