@@ -39,7 +39,6 @@ from otel_training.exporters.factory import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.processors.lineage import LineageSpanProcessor
-from otel_training.processors.open_spans import OpenSpanTracker
 
 logger = logging.getLogger("otel_training")
 
@@ -138,7 +137,6 @@ class Telemetry:
         self._metric_exporter: MetricExporter | None = None
 
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
-        self.open_spans = OpenSpanTracker()
         self.lineage = LineageSpanProcessor(
             {
                 key: value
@@ -151,7 +149,6 @@ class Telemetry:
             }
         )
         self.tracer_provider.add_span_processor(self.lineage)
-        self.tracer_provider.add_span_processor(self.open_spans)
 
         span_exporter = None if self.disabled else self._make_span_exporter(environ)
         self._guard: GuardedSpanExporter | None = None
@@ -395,14 +392,6 @@ def configure(*, reconfigure: bool = False, config_file: str | None = None, **op
         hooks.install(telemetry)
         return telemetry
 
-
-def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader or Pool worker) owns none of its parent's open spans."""
-    if _current is not None:
-        _current.open_spans.shutdown()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _set_global(telemetry: Telemetry) -> None:
