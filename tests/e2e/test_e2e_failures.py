@@ -112,17 +112,22 @@ def test_rank_killed_with_sigkill_mid_step_is_reported(failure_stack, alert_webh
     assert attrs["training.alert.span.name"] == "training.step"
     assert attrs["training.step"] == HANG_STEP and attrs["training.epoch"] == 0
 
-    # --- ... and Jaeger, in the dead rank's trace, under the step that never ended
+    # --- ... and Jaeger, in the dead rank's trace, under the step it died in, which the
+    # watchdog exports (rebuilt from the slot, status ERROR) since the process never could
     def died_in_jaeger():
         spans = jaeger_spans(stack.jaeger_url, service)
-        return spans if any(s["span_id"] == died["spanId"] for s in spans) else None
+        ids = {s["span_id"] for s in spans}
+        return spans if died["spanId"] in ids and attrs["training.alert.span.id"] in ids else None
 
     spans = wait_until(died_in_jaeger, timeout=DEADLINE, what="the died alert in Jaeger")
     (alert,) = [s for s in spans if s["span_id"] == died["spanId"]]
     assert alert["resource"]["training.rank"] == HANG_RANK
     assert alert["attributes"]["training.alert.span.id"] in {ref for _, ref in alert["references"]}
     dead_rank = [s for s in spans if s["resource"]["training.rank"] == HANG_RANK]
-    assert sorted(s["attributes"]["training.step"] for s in dead_rank if s["name"] == "training.step") == list(range(HANG_STEP))
+    assert sorted(s["attributes"]["training.step"] for s in dead_rank if s["name"] == "training.step") == list(range(HANG_STEP + 1))
+    (dead_step,) = [s for s in dead_rank if s["span_id"] == attrs["training.alert.span.id"]]
+    assert dead_step["attributes"]["training.step"] == HANG_STEP
+    assert dead_step["attributes"].get("otel.status_code") == "ERROR", dead_step
     # The surviving rank's open spans were ended as errors when its peer vanished.
     survivor = {s["name"]: s for s in spans if s["resource"]["training.rank"] != HANG_RANK and s["name"] in ("training.train", "training.epoch")}
     assert sorted(survivor) == ["training.epoch", "training.train"]
