@@ -39,3 +39,24 @@ def test_demo_no_stuck(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "ALERT" not in result.stdout
     assert not [span for span in spans if span["name"] == sc.SPAN_ALERT]
+
+
+def test_demo_runs_with_only_the_core_installed(tmp_path: Path) -> None:
+    """The report extra (matplotlib) is optional: without it the demo still summarises, and says why no HTML."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "matplotlib").mkdir()
+    (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker), str(REPO)])
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: None if name == 'matplotlib' else real(name, *a)\n"
+            "from otel_training.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", code, "demo", "--epochs", "1", "--steps", "4", "--no-stuck",
+                             "--output-dir", str(tmp_path / "traces")],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "goodput:" in result.stdout
+    assert "pip install 'otel-training[report]'" in result.stdout
+    assert not (tmp_path / "traces" / "otel-training-report.html").exists()

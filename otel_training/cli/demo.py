@@ -147,11 +147,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"delivered {result.exported} spans, dropped {result.dropped}")
     if telemetry.trace_path is not None and telemetry.trace_path.exists():
         from otel_training import semconv as sc
-        from otel_training.cli.report import report_paths
+        from otel_training.cli.report import HTML_NEEDS, report_paths
 
-        html_path = telemetry.trace_path.parent / "otel-training-report.html"
         print()
-        print(report_paths([str(telemetry.trace_path)], html_path,
-                           job_id=str(telemetry.resource.attributes.get(sc.TRAINING_JOB_ID, "")) or None))
-        print(f"html report: {html_path.resolve()}  (otel-training report {telemetry.trace_path.parent} for more)")
+        summary_text, html_path = report_paths(
+            [str(telemetry.trace_path)], telemetry.trace_path.parent / "otel-training-report.html",
+            job_id=str(telemetry.resource.attributes.get(sc.TRAINING_JOB_ID, "")) or None)
+        print(summary_text)
+        if html_path is not None:
+            print(f"html report: {html_path.resolve()}  (otel-training report {telemetry.trace_path.parent} for more)")
+        else:
+            print(f"({HTML_NEEDS})")
     return 0 if result.dropped == 0 else 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,16 +43,26 @@ def default_html_path(paths: list[str]) -> Path:
     return directory / "otel-training-report.html"
 
 
-def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None) -> str:
-    """Summary of the traces under ``paths`` (of one job, if given), with the HTML report written to ``html_path``."""
+HTML_NEEDS = "the HTML report needs the report extra: pip install 'otel-training[report]'"
+
+
+def html_available() -> bool:
+    """The HTML plots need matplotlib, an extra: the summary never does."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None) -> tuple[str, Path | None]:
+    """Summary of the traces under ``paths`` (of one job, if given), and the HTML report's path if written."""
     from otel_training.report import build_report, read_paths, render_html, render_summary
 
     result = read_paths(paths, progress=False)
     records = [record for record in result.records if job_id is None or record.run.job_id == job_id]
     report = build_report(records, result.problems)
+    if not html_available():
+        return render_summary(report), None
     html_path.parent.mkdir(parents=True, exist_ok=True)
     html_path.write_text(render_html(report, records), encoding="utf-8")
-    return render_summary(report)
+    return render_summary(report), html_path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         print("otel-training report: no spans to report on", file=sys.stderr)
         return 1
-    if not args.no_html:
+    if not args.no_html and not html_available():
+        print(f"otel-training report: {HTML_NEEDS}; use --no-html to silence this", file=sys.stderr)
+    elif not args.no_html:
         html_path = Path(args.html) if args.html else default_html_path(paths)
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(render_html(report, records, evaluation_is_productive=args.evaluation_is_productive),
