@@ -99,13 +99,19 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_shutdown_against_an_unreachable_collector_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+def _steps_to(endpoint: str, steps: int, configure, monkeypatch: pytest.MonkeyPatch):
+    """A pipeline exporting OTLP to ``endpoint``, after ``steps`` step spans."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     telemetry = configure(exporter="otlp")
     trainer = otel_training.TrainerProcess()
-    for step in range(200):
+    for step in range(steps):
         with trainer.step(global_step=step):
             pass
+    return telemetry
+
+
+def test_shutdown_against_an_unreachable_collector_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    telemetry = _steps_to(f"http://127.0.0.1:{_closed_port()}", 200, configure, monkeypatch)
     started = time.monotonic()
     result = telemetry.shutdown(timeout_s=1)
     elapsed = time.monotonic() - started
@@ -118,12 +124,7 @@ def test_flush_against_a_collector_that_never_answers_is_bounded(configure, monk
     with socket.socket() as blackhole:
         blackhole.bind(("127.0.0.1", 0))
         blackhole.listen(16)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{blackhole.getsockname()[1]}")
-        telemetry = configure(exporter="otlp")
-        trainer = otel_training.TrainerProcess()
-        for step in range(20):
-            with trainer.step(global_step=step):
-                pass
+        telemetry = _steps_to(f"http://127.0.0.1:{blackhole.getsockname()[1]}", 20, configure, monkeypatch)
         started = time.monotonic()
         flushed = telemetry.force_flush(timeout_s=0.5)
         assert time.monotonic() - started < 0.8
