@@ -28,6 +28,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.events.attributes import to_attributes
+from otel_training.events import runtime as _runtime_module
 from otel_training.events.runtime import EventsRuntime, runtime
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ class Duration:
             if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
                 context = parent._context_for_child(rt)
             span = rt.tracer.start_span(self.name, context=context, attributes=self._attributes)
-            rt.charge(span.get_span_context().trace_id)
+            if parent is not None:  # only a trace with a parent Duration in it can outgrow its budget
+                rt.charge(span.get_span_context().trace_id)
             self._span = span
             self._token = context_api.attach(trace_api.set_span_in_context(span))
             self._current_token = _CURRENT.set(self)
@@ -157,8 +159,8 @@ class Duration:
             if self._segment is not None:
                 self._end_segment()
             span.end()
-            if span.parent is None:
-                runtime().forget(span.get_span_context().trace_id)
+            if span.parent is None and _runtime_module._runtime is not None:
+                _runtime_module._runtime.forget(span.get_span_context().trace_id)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
             log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
 
