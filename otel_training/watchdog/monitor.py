@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
+from otel_training.exporters import factory
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
 
 logger = logging.getLogger("otel_training.watchdog")
@@ -77,13 +78,6 @@ def py_spy_stacks(pid: int) -> tuple[str | None, str | None]:
     if len(text) > MAX_STACK_CHARS:
         text = text[: MAX_STACK_CHARS - 15] + "\n...[truncated]"
     return text, None
-
-
-def make_exporter(name: str, trace_path: str | None, environ: Mapping[str, str]) -> SpanExporter | None:
-    """The training process's exporter, rebuilt from its settings (OTLP variables are inherited)."""
-    from otel_training.exporters.factory import span_exporter
-
-    return span_exporter(name, environ, trace_path)
 
 
 class Watchdog:
@@ -247,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     resource = Resource(json.loads(args.resource))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    exporter = make_exporter(args.exporter, args.trace_path, os.environ)
+    # The training process's exporter, rebuilt from its settings (the OTLP variables are inherited).
+    exporter = factory.span_exporter(args.exporter, os.environ, args.trace_path)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))  # one alert, exported at once
     try:
