@@ -98,6 +98,34 @@ STEP_SKIPPED: Final = "training.step.skipped"
 STEP_DATA_WAIT_S: Final = "training.step.data_wait_s"
 CHECKPOINT_FORMAT: Final = "training.checkpoint.format"
 
+# --------------------------------------------------------------------------
+# The device timeline (see docs/trace-layout.md#device-timeline). CUDA work is
+# asynchronous: a host ``training.step`` span measures launch time, so where a
+# step runs accelerator work its device execution is a child span of its own.
+# --------------------------------------------------------------------------
+#: The step's execution on the device: from the completion of a device event recorded at the
+#: host step's begin to the completion of one recorded at its end. Child of the host step.
+SPAN_DEVICE_STEP: Final = "training.device_step"
+#: The host outside any step (after one step ended, before the next began) for longer than the
+#: step's stuck threshold, with no device work pending. Only emitted when that happens.
+SPAN_BETWEEN_STEPS: Final = "training.between_steps"
+#: True on a host step whose device time is in a ``training.device_step`` child (statistics,
+#: goodput and stuck detection then use the child).
+STEP_DEVICE_TIMED: Final = "training.step.device_timed"
+#: The device a device span ran on, as torch names it ("cuda:0").
+DEVICE: Final = "training.device"
+#: The device's model name ("NVIDIA H100 80GB HBM3").
+DEVICE_NAME: Final = "training.device.name"
+#: Seconds the device was idle between the previous device step's end and this one's start.
+DEVICE_IDLE_BEFORE_S: Final = "training.device.idle_before_s"
+#: The last step whose device work had completed when this device step began.
+DEVICE_LAST_COMPLETED_STEP: Final = "training.device.last_completed_step"
+#: True once the host has finished launching the step (its end is recorded on the device): a
+#: stuck device step with this false is still held up on the host.
+STEP_LAUNCHED: Final = "training.step.launched"
+#: The OpenTelemetry ``thread.id`` of the host thread that ran the step (the stack to look at).
+THREAD_ID: Final = "thread.id"
+
 SPAN_DISTRIBUTED_INIT: Final = "training.distributed.init"
 SPAN_DISTRIBUTED_BARRIER: Final = "training.distributed.barrier"
 SPAN_DISTRIBUTED_DESTROY: Final = "training.distributed.destroy"
@@ -235,6 +263,9 @@ BADPUT_WASTED_PROGRESS: Final = "wasted_progress"
 BADPUT_RECOVERY: Final = "recovery"
 BADPUT_DOWNTIME: Final = "downtime"
 BADPUT_OTHER: Final = "other"
+#: Time after the first step, covered by no step or other labelled span, while the device (if any)
+#: is idle: the host's own work between steps (an ``.item()`` sync, logging, an unhooked eval).
+BADPUT_HOST_OUTSIDE_STEPS: Final = "host_outside_steps"
 METRIC_GOODPUT_TIME: Final = "training.goodput.time"
 METRIC_STEP_IDEAL_DURATION: Final = "training.step.ideal_duration"
 METRIC_STEP_DEVIATION: Final = "training.step.deviation"

@@ -40,7 +40,8 @@ def _spans() -> list[dict[str, Any]]:
     # Rank 0, run 0 (fails at 70): init 5, training_prep 5, program_startup 2 (10-12),
     # data_loading 1 (inside the first step), productive 23 (12-36 minus 1), evaluation 4,
     # checkpoint_save 2, then 15 s of progress after the checkpoint (42-50, 50-53, 60-64)
-    # lost as wasted_progress, stuck 7 (53-60), other 6 (64-70). Sum 70.
+    # lost as wasted_progress, stuck 7 (53-60), host_outside_steps 6 (64-70: after the last step, and
+    # no training.train ended). Sum 70.
     add(0, 0, sc.SPAN_PROCESS, 0, 70, error=True)
     add(0, 0, sc.SPAN_INIT, 0, 5)
     add(0, 0, sc.SPAN_LOAD_DATASET, 5, 10)
@@ -58,14 +59,15 @@ def _spans() -> list[dict[str, Any]]:
                                         sc.ALERT_SPAN_ID: stuck["span_id"]})
     steps(0, 0, 60, 2, 2.0, 17)
     # Rank 0, run 1 (80-120, finishes): downtime 10 (70-80), recovery 2 (80-82),
-    # checkpoint_restore 3, productive 20, checkpoint_save 1, other 14 (106-120). Sum 40.
+    # checkpoint_restore 3, productive 20, checkpoint_save 1, host_outside_steps 1 (106-107, before
+    # training.train ended), other 13 (107-120). Sum 40.
     add(0, 1, sc.SPAN_PROCESS, 80, 120)
     add(0, 1, sc.SPAN_LOAD_CHECKPOINT, 82, 85)
     add(0, 1, sc.SPAN_TRAIN, 84, 107)
     steps(0, 1, 85, 10, 2.0, 12)
     add(0, 1, sc.SPAN_SAVE_CHECKPOINT, 105, 106)
     # Rank 1, run 0 (fails at 70): program_startup 10, productive 48 (12 steps of 4 s),
-    # checkpoint_save 2, wasted_progress 4 (one step after the checkpoint), other 6. Sum 70.
+    # checkpoint_save 2, wasted_progress 4 (one step after the checkpoint), host_outside_steps 6. Sum 70.
     add(1, 0, sc.SPAN_PROCESS, 0, 70, error=True)
     steps(1, 0, 10, 12, 4.0, 0)
     add(1, 0, sc.SPAN_SAVE_CHECKPOINT, 58, 60)
@@ -92,7 +94,8 @@ EXPECTED_SECONDS = {
     sc.BADPUT_WASTED_PROGRESS: 15 + 4,
     sc.BADPUT_RECOVERY: 2,
     sc.BADPUT_DOWNTIME: 10 + 10,
-    sc.BADPUT_OTHER: 6 + 14 + 6,
+    sc.BADPUT_HOST_OUTSIDE_STEPS: 6 + 1 + 6,
+    sc.BADPUT_OTHER: 13,
 }
 EXPECTED_TOTAL = 2 * (70 + 10 + 40)
 EXPECTED_GOODPUT = 131 / 240

@@ -77,7 +77,7 @@ def test_stuck_until_the_run_died_when_the_span_never_ended() -> None:
     result = account(records)
     # Stuck from 3 s (6 − (4 − 1)) to the end of the run at 10 s.
     assert result.seconds[sc.BADPUT_STUCK] == pytest.approx(7)
-    assert result.seconds[sc.BADPUT_OTHER] == pytest.approx(1)
+    assert result.seconds[sc.BADPUT_HOST_OUTSIDE_STEPS] == pytest.approx(1)  # 2-3 s: after the step, no train end
     assert result.runs[0].failed
 
 
@@ -110,8 +110,13 @@ def test_timeline_priority_and_uncovered_time() -> None:
     timeline.fold(30)
     assert dict(timeline.totals) == {
         sc.BADPUT_PROGRAM_STARTUP: 10, PRODUCTIVE: 5, sc.BADPUT_DATA_LOADING: 9,
-        sc.BADPUT_STUCK: 1, sc.BADPUT_OTHER: 5,
+        sc.BADPUT_STUCK: 1, sc.BADPUT_HOST_OUTSIDE_STEPS: 5,
     }
+    # Once the training loop has ended, uncovered time is teardown ("other").
+    timeline.train_end_ns = 32
+    timeline.fold(40)
+    assert timeline.totals[sc.BADPUT_HOST_OUTSIDE_STEPS] == 7
+    assert timeline.totals[sc.BADPUT_OTHER] == 8
 
 
 def test_normal_threshold_is_median_plus_three_mad() -> None:

@@ -90,7 +90,8 @@ def test_live_metrics_of_a_restarted_run_match_the_hand_computation() -> None:
     assert badput[sc.BADPUT_RECOVERY] == pytest.approx(2)
     assert badput[sc.BADPUT_CHECKPOINT_RESTORE] == pytest.approx(3)
     assert badput[sc.BADPUT_CHECKPOINT_SAVE] == pytest.approx(1)
-    assert badput[sc.BADPUT_OTHER] == pytest.approx(14)
+    assert badput[sc.BADPUT_HOST_OUTSIDE_STEPS] == pytest.approx(1)  # 106-107: training.train ends at 107
+    assert badput[sc.BADPUT_OTHER] == pytest.approx(13)
     assert badput[sc.BADPUT_PROGRAM_STARTUP] == 0
 
     (steps,) = metrics[sc.METRIC_STEP_DURATION]
@@ -111,7 +112,7 @@ def test_live_stuck_time_and_buckets_of_a_failing_run() -> None:
     badput = _badput(metrics[sc.METRIC_BADPUT])
     expected = {sc.BADPUT_INITIALIZATION: 5, sc.BADPUT_TRAINING_PREP: 5, sc.BADPUT_PROGRAM_STARTUP: 2,
                 sc.BADPUT_DATA_LOADING: 1, sc.BADPUT_EVALUATION: 4, sc.BADPUT_CHECKPOINT_SAVE: 2,
-                sc.BADPUT_STUCK: 7, sc.BADPUT_OTHER: 6,
+                sc.BADPUT_STUCK: 7, sc.BADPUT_HOST_OUTSIDE_STEPS: 6, sc.BADPUT_OTHER: 0,
                 # Only the report, seeing the restart, knows progress was lost.
                 sc.BADPUT_WASTED_PROGRESS: 0}
     for bucket, seconds in expected.items():
@@ -135,7 +136,8 @@ def test_an_open_span_holds_back_classification_until_it_ends() -> None:
     assert pipeline.processor.elapsed_ns == 10 * 10**9  # not past the open step's start
     step.end(end_time=crafted._s(12))
     totals = pipeline.processor.settle()
-    assert totals == {sc.BADPUT_PROGRAM_STARTUP: 10 * 10**9, "productive": 2 * 10**9, sc.BADPUT_OTHER: 3 * 10**9}
+    assert totals == {sc.BADPUT_PROGRAM_STARTUP: 10 * 10**9, "productive": 2 * 10**9,
+                      sc.BADPUT_HOST_OUTSIDE_STEPS: 3 * 10**9}
 
 
 def test_configure_installs_it_and_the_file_exporter_writes_the_metrics(configure) -> None:

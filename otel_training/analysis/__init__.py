@@ -8,7 +8,7 @@ implementation.
 from otel_training.analysis.badput import BUCKETS, LABELLED_SPAN_NAMES, PRODUCTIVE, Timeline, span_label
 from otel_training.analysis.goodput import GoodputAccount, RunAccountant, RunSummary, account
 from otel_training.analysis.records import RunKey, SpanRecord
-from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats
+from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats, times_step
 from otel_training.analysis.stragglers import StragglerScore, straggler_scores
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "span_label",
     "step_stats",
     "straggler_scores",
+    "times_step",
 ]

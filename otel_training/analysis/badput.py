@@ -3,8 +3,9 @@
 Spans overlap (a data wait inside a step, a stuck stretch inside a step), so
 a span does not simply add its duration to a bucket: a sweep over the span
 boundaries gives each stretch of time to the covering label of highest
-priority, and time no span covers is start-up (before the first step) or
-"other" (after it). Every nanosecond of the run is counted once, so goodput
+priority, and time no span covers is start-up (before the first step), the
+host's own time outside steps (after it, while training), or "other" (after
+the training loop ended). Every nanosecond of the run is counted once, so goodput
 and the badput buckets add up to the run's duration.
 
 ``Timeline`` folds incrementally: the live processor folds what has settled at
@@ -34,11 +35,19 @@ BUCKETS: tuple[str, ...] = (
     sc.BADPUT_WASTED_PROGRESS,
     sc.BADPUT_RECOVERY,
     sc.BADPUT_DOWNTIME,
+    sc.BADPUT_HOST_OUTSIDE_STEPS,
     sc.BADPUT_OTHER,
 )
 
+#: Timeline label of a step's device execution (``training.device_step``): productive time that
+#: outranks what the host was doing meanwhile. CUDA work is asynchronous: while the device runs
+#: earlier steps, a host blocked in the DataLoader's pinned-memory copy or a checkpoint's copy
+#: costs nothing. Only where the device is idle does the host's wait become badput.
+DEVICE_BUSY = "device_busy"
+
 # Where spans overlap, the higher priority wins: a stuck stretch inside a step
-# is stuck time, a data wait inside a step is data loading.
+# is stuck time, a data wait inside a host step is data loading unless the
+# device was busy with a step meanwhile.
 _PRIORITY: dict[str, int] = {
     PRODUCTIVE: 1,
     sc.BADPUT_TRAINING_PREP: 2,
@@ -47,14 +56,18 @@ _PRIORITY: dict[str, int] = {
     sc.BADPUT_DATA_LOADING: 5,
     sc.BADPUT_CHECKPOINT_SAVE: 6,
     sc.BADPUT_CHECKPOINT_RESTORE: 7,
-    sc.BADPUT_STUCK: 8,
+    DEVICE_BUSY: 8,
+    sc.BADPUT_STUCK: 9,
 }
+#: The bucket each label's time is counted in.
+_BUCKET_OF: dict[str, str] = {DEVICE_BUSY: PRODUCTIVE}
 _BY_PRIORITY: list[str] = [""] * (max(_PRIORITY.values()) + 1)
 for _label, _priority in _PRIORITY.items():
-    _BY_PRIORITY[_priority] = _label
+    _BY_PRIORITY[_priority] = _BUCKET_OF.get(_label, _label)
 
 _SPAN_LABELS: dict[str, str] = {
     sc.SPAN_STEP: PRODUCTIVE,
+    sc.SPAN_DEVICE_STEP: PRODUCTIVE,
     sc.SPAN_INIT: sc.BADPUT_INITIALIZATION,
     sc.SPAN_LOAD_DATASET: sc.BADPUT_TRAINING_PREP,
     sc.SPAN_DATA_WAIT: sc.BADPUT_DATA_LOADING,
@@ -80,20 +93,37 @@ def span_label(name: str, evaluation_is_productive: bool = False) -> str | None:
     return label
 
 
+def timeline_label(name: str, evaluation_is_productive: bool = False) -> str | None:
+    """The label ``Timeline.add`` takes for a span: ``span_label``, but ``DEVICE_BUSY`` for device steps."""
+    if name == sc.SPAN_DEVICE_STEP:
+        return DEVICE_BUSY
+    return span_label(name, evaluation_is_productive)
+
+
+#: Spans that mark a step for "time before the first step" (start-up) and "time between steps".
+STEP_SPAN_NAMES: frozenset[str] = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
+
+
 class Timeline:
     """Nanoseconds of one run by label, folded up to a point in time."""
 
     def __init__(self, start_ns: int, *, after_failure: bool = False) -> None:
         self.folded_until = start_ns
         self.first_step_ns: int | None = None
+        #: End of the run's training loop (its ``training.train`` span): uncovered time after it is
+        #: "other" (teardown), before it "host_outside_steps".
+        self.train_end_ns: int | None = None
         self.totals: defaultdict[str, int] = defaultdict(int)
         self._before_first_step = sc.BADPUT_RECOVERY if after_failure else sc.BADPUT_PROGRAM_STARTUP
         self._pending: list[tuple[int, int, int]] = []
 
     def add(self, label: str, start_ns: int, end_ns: int, *, is_step: bool = False) -> None:
         """Count [start_ns, end_ns) as ``label`` where nothing of higher priority covers it."""
-        if is_step and (self.first_step_ns is None or start_ns < self.first_step_ns):
-            self.first_step_ns = start_ns
+        if is_step:
+            if self.first_step_ns is None or start_ns < self.first_step_ns:
+                self.first_step_ns = start_ns
+            if self.train_end_ns is not None and start_ns >= self.train_end_ns:
+                self.train_end_ns = None  # another training loop followed
         start_ns = max(start_ns, self.folded_until)  # time already folded is settled
         if end_ns > start_ns:
             self._pending.append((start_ns, end_ns, _PRIORITY[label]))
@@ -114,6 +144,8 @@ class Timeline:
             boundaries.append((start, 1, priority))
             boundaries.append((end, -1, priority))
         self._pending = keep
+        if self.train_end_ns is not None and self.folded_until < self.train_end_ns < until_ns:
+            boundaries.append((self.train_end_ns, 0, 0))  # where uncovered time turns into "other"
         boundaries.sort()
         counts = [0] * len(_BY_PRIORITY)
         totals = self.totals
@@ -137,4 +169,6 @@ class Timeline:
             return _BY_PRIORITY[top]
         if self.first_step_ns is None or at_ns < self.first_step_ns:
             return self._before_first_step
-        return sc.BADPUT_OTHER
+        if self.train_end_ns is not None and at_ns >= self.train_end_ns:
+            return sc.BADPUT_OTHER
+        return sc.BADPUT_HOST_OUTSIDE_STEPS

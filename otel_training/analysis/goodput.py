@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from otel_training import semconv as sc
-from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, Timeline, span_label
+from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, STEP_SPAN_NAMES, Timeline, timeline_label
 from otel_training.analysis.records import RunKey, SpanRecord
 
 
@@ -51,9 +51,11 @@ class RunAccountant:
         if name == sc.SPAN_ALERT:
             self._alert(record)
             return
-        label = span_label(name, self.evaluation_is_productive)
+        label = timeline_label(name, self.evaluation_is_productive)
         if label is not None:
-            self.timeline.add(label, record.start_ns, record.end_ns, is_step=name == sc.SPAN_STEP)
+            self.timeline.add(label, record.start_ns, record.end_ns, is_step=name in STEP_SPAN_NAMES)
+        elif name == sc.SPAN_TRAIN:
+            self.timeline.train_end_ns = record.end_ns
         if name == sc.SPAN_SAVE_CHECKPOINT and not record.error:
             self._checkpoints.append(record.end_ns)
         if self._stuck_since and record.span_id:

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from otel_training import semconv as sc
 
 #: Steps needed before an ideal step time is derived from the data.
 MIN_STEPS = 10
 #: Multiple of the MAD above the median still counted as a normal step.
 MAD_FACTOR = 3.0
+
+
+def times_step(name: str, attributes: Mapping[str, Any]) -> bool:
+    """Whether a span's duration is a step time: the device execution where the step has one, else the host step.
+
+    CUDA work is asynchronous, so a host step with a device child measures launch time only.
+    """
+    if name == sc.SPAN_DEVICE_STEP:
+        return True
+    return name == sc.SPAN_STEP and not attributes.get(sc.STEP_DEVICE_TIMED)
 
 
 def normal_threshold(durations: Sequence[float]) -> float | None:

@@ -221,6 +221,8 @@ OPTIONS: tuple[Option, ...] = (
            "Start a sidecar watchdog process that reports frozen (GIL held) or killed training processes."),
     # Goodput (see docs/goodput.md).
     Option("goodput", _parse_bool, True, "Derive goodput/badput and step-time metrics from spans."),
+    Option("device_timeline", _parse_bool, True,
+           "Time steps on the accelerator's timeline (CUDA events) when torch uses CUDA; false: host timing only."),
     Option("evaluation_is_productive", _parse_bool, False, "Count evaluation time as goodput."),
     Option("ideal_step_time_s", _optional(_parse_seconds), None,
            "Ideal step time for step-time deviation (default: mean of the normal steps)."),

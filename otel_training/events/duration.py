@@ -28,6 +28,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.events.attributes import to_attributes
+from otel_training.events import device as _device
 from otel_training.events import runtime as _runtime_module
 from otel_training.events.runtime import EventsRuntime, runtime
 
@@ -250,6 +251,66 @@ class Duration:
     def __repr__(self) -> str:
         state = "ended" if self._ended else "open" if self._span is not None else "new"
         return f"<Duration {self.name} {state}>"
+
+
+class StepDuration(Duration):
+    """A training step, timed on the device's timeline too when it runs device work.
+
+    CUDA work is asynchronous, so the host span measures launch time. With a
+    device in use (``events.device``), begin and end also record a device marker
+    (a few µs, no synchronisation), the host span says
+    ``training.step.device_timed``, and the resolver thread emits the step's
+    device execution as a ``training.device_step`` child. Without one, this is a
+    plain Duration plus one attribute read.
+    """
+
+    __slots__ = ("_device_step",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._device_step: tuple[_device.DeviceTimeline, Any] | None = None
+
+    def begin(self) -> Duration:
+        step = timeline = None
+        if self._span is None:
+            try:
+                rt = runtime()
+                timeline = rt.device
+                if timeline is None:
+                    timeline = _device.probe(rt)
+                if timeline:
+                    parent = _CURRENT.get()
+                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None)
+                    if step is not None:
+                        self._attributes[sc.STEP_DEVICE_TIMED] = True
+            except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+                log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
+                         "training continues")
+        super().begin()
+        if step is not None and self._span is not None and self._span.is_recording():
+            timeline.started(step, self._span)  # type: ignore[union-attr]
+            self._device_step = (timeline, step)  # type: ignore[assignment]
+        return self
+
+    def end(self) -> None:
+        pending = self._device_step
+        if pending is not None:
+            self._device_step = None
+            try:
+                pending[0].end_step(pending[1])
+            except Exception:  # noqa: BLE001
+                log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
+                         "training continues")
+        super().end()
+
+    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+        """A phase of the step: a plain Duration (the device timeline times whole steps)."""
+        return Duration(self._process, f"{self.name}.{name}", content, event_name=name)
+
+    def _fresh(self) -> Duration:
+        clone = super()._fresh()
+        clone._device_step = None  # type: ignore[attr-defined]
+        return clone
 
 
 def _record_error(span: Span, error: BaseException | str | None) -> None:

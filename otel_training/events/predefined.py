@@ -11,7 +11,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.events.attributes import METRIC_PREFIX, to_attributes
-from otel_training.events.duration import Duration
+from otel_training.events.duration import Duration, StepDuration
 from otel_training.events.process import Process
 
 
@@ -70,8 +70,8 @@ class TrainerProcess(Process):
 
     def step(self, global_step: int | None = None, **content: Any) -> Duration:
         # The hot path of the events API: no helper calls on the way to the span.
-        return Duration(self, sc.SPAN_STEP, content, event_name="#step",
-                        attributes=None if global_step is None else {sc.STEP: global_step})
+        return StepDuration(self, sc.SPAN_STEP, content, event_name="#step",
+                            attributes=None if global_step is None else {sc.STEP: global_step})
 
     def substep(self, substep: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_SUBSTEP, "#substep", _given(**{sc.SUBSTEP: substep}), content)

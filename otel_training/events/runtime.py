@@ -68,6 +68,8 @@ class EventsRuntime:
         self._traces: dict[int, list[Any]] = {}
         self._process_spans: dict[str, _ProcessSpan] = {}
         self._lock = threading.Lock()
+        #: The device timeline (``events.device``): None until a device is in use, False when turned off.
+        self.device: Any = None
         telemetry.on_shutdown(self.close)
 
     def charge(self, trace_id: int) -> None:

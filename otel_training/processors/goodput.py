@@ -2,7 +2,8 @@
 
 What a running job exports every metric interval, per process:
 
-* ``training.step.duration`` (histogram, s), and per step
+* ``training.step.duration`` (histogram, s: the device execution where a step
+  has one, see ``events/device.py``), and per step
   ``training.step.tokens_per_second`` / ``training.step.samples_per_second``
   when the step span carries ``training.tokens`` / ``training.samples``
   (or ``training.batch.size``);
@@ -62,14 +63,21 @@ from otel_training.analysis import (
     SpanRecord,
 )
 from otel_training.analysis import ideal_step_time as derive_ideal
+from otel_training.analysis import times_step
+
+_STEP_NAMES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 
 _RUN = RunKey("", 0, 0, "")
 #: Steps kept for deriving the ideal step time (the most recent ones).
 IDEAL_WINDOW = 1000
 #: After the first derivation at MIN_STEPS, the ideal is re-derived every this many steps.
 IDEAL_EVERY = 100
-#: Spans the processor queues: those whose time gets a label, and alerts (stuck/recovered).
-_QUEUED = LABELLED_SPAN_NAMES | {sc.SPAN_ALERT}
+#: Spans the processor queues: those whose time gets a label, alerts (stuck/recovered), and the
+#: training loop (uncovered time after it is "other", before it "host_outside_steps").
+_QUEUED = LABELLED_SPAN_NAMES | {sc.SPAN_ALERT, sc.SPAN_TRAIN}
+#: A host step whose device span has not started holds the settled time back for at most this
+#: long (a device span is started, backdated, once the device begins the step).
+MAX_DEVICE_LAG_NS = 60_000_000_000
 
 
 class GoodputSpanProcessor(SpanProcessor):
@@ -98,6 +106,9 @@ class GoodputSpanProcessor(SpanProcessor):
         self._started: collections.deque[ReadableSpan] = collections.deque()
         self._max_pending = max_pending
         self._tracked: list[ReadableSpan] = []  # collector only: started spans not yet seen ended
+        # collector only: host steps timed on the device whose device span has not started yet,
+        # by span id: their device time may still land after what would otherwise be settled.
+        self._awaiting_device: dict[int, int] = {}
         self._durations: collections.deque[float] = collections.deque(maxlen=IDEAL_WINDOW)
         self._steps = 0
         self._settle_lock = threading.Lock()  # between collector callbacks only
@@ -157,11 +168,20 @@ class GoodputSpanProcessor(SpanProcessor):
         """Take in the ended spans and classify the time that can no longer change; nanoseconds by label."""
         with self._settle_lock:
             now = self._clock()
+            awaiting = self._awaiting_device
             while True:
                 try:
-                    self._tracked.append(self._started.popleft())
+                    span = self._started.popleft()
                 except IndexError:
                     break
+                self._tracked.append(span)
+                if span.name == sc.SPAN_STEP and (span.attributes or {}).get(sc.STEP_DEVICE_TIMED):
+                    awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]
+                elif span.name == sc.SPAN_DEVICE_STEP and span.parent is not None:
+                    awaiting.pop(span.parent.span_id, None)
+            for span_id, started in list(awaiting.items()):
+                if now - started > MAX_DEVICE_LAG_NS:
+                    del awaiting[span_id]  # its device span is not coming (a dead device, a failed timeline)
             ended: list[ReadableSpan] = []
             still_open: list[ReadableSpan] = []
             for span in self._tracked:
@@ -169,12 +189,12 @@ class GoodputSpanProcessor(SpanProcessor):
             self._tracked = still_open
             # Time after the earliest start of a classified span still open may still change.
             starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
-            until = min([now, *starts])  # type: ignore[type-var]
+            until = min([now, *starts, *awaiting.values()])  # type: ignore[type-var]
             latest_step: tuple[float, Context] | None = None
             ended.sort(key=_end_time)  # the accountant takes spans in the order they ended
             for span in ended:
                 self._accountant.add(_record(span))
-                if span.name == sc.SPAN_STEP:
+                if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
                     latest_step = self._record_step(span)
             if latest_step is not None and self.ideal_step_time_s is not None:
                 # A gauge keeps the last value: setting it for the latest step alone exports the same.

@@ -192,7 +192,7 @@ class StuckSpanProcessor(SpanProcessor):
         self._slot = slot
         self._pipeline_tracers: dict[int, SdkTracer] = {}
         self._learners: dict[str, ThresholdLearner | None] = {}
-        self._learner_lock = threading.Lock()
+        self._learner_lock = threading.RLock()
         self._reset_runtime_state()
         _instances.add(self)
 
@@ -225,7 +225,7 @@ class StuckSpanProcessor(SpanProcessor):
     def _after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) watches only its own spans, with its own threads."""
         self._reset_runtime_state()
-        self._learner_lock = threading.Lock()
+        self._learner_lock = threading.RLock()
         for learner in self._learners.values():
             if learner is not None:
                 learner.after_fork()
@@ -245,8 +245,18 @@ class StuckSpanProcessor(SpanProcessor):
         return learner  # type: ignore[return-value]
 
     def _match(self, name: str) -> ThresholdLearner | None:
+        if name == sc.SPAN_BETWEEN_STEPS and name not in self._rules:
+            # The host between steps is judged by the step's threshold (its learner is shared, never fed).
+            return self._learner_for(sc.SPAN_DEVICE_STEP)
+        learner = self._match_rule(name, name)
+        if learner is None and name in _TIMED_AS:
+            learner = self._match_rule(_TIMED_AS[name], name)
+        return learner
+
+    def _match_rule(self, rule_name: str, name: str) -> ThresholdLearner | None:
+        """A learner for spans named ``name`` from the first rule matching ``rule_name``."""
         for rule, seconds in self._rules.items():
-            if rule == name or (_PATTERN_CHARS & set(rule) and fnmatch.fnmatchcase(name, rule)):
+            if rule == rule_name or (_PATTERN_CHARS & set(rule) and fnmatch.fnmatchcase(rule_name, rule)):
                 fixed = seconds if seconds is not None else self._threshold_s
                 first = self._first_threshold_s
                 if first is None:
@@ -273,10 +283,19 @@ class StuckSpanProcessor(SpanProcessor):
                 learner = self._learner_for(span.name)
             if learner is None or self._stopping:
                 return
+            attributes = span.attributes
+            if attributes and attributes.get(sc.STEP_DEVICE_TIMED):
+                return  # its training.device_step child is watched instead (events/device.py)
             threshold = learner.threshold
             if parent_context is None:  # the SDK passes None when the parent is the implicit current context
                 parent_context = get_current_context()
-            entry = _Watched(span, learner, threshold, time.monotonic(), threading.get_ident(), parent_context)
+            # A span started after the fact (a device step, seen when the device began it) is
+            # watched from its own start time, not from when it reached us.
+            now = time.monotonic()
+            start = now - max(0.0, (time.time_ns() - (span.start_time or 0)) / 1e9) if span.start_time else now
+            thread_id = attributes.get(sc.THREAD_ID) if attributes else None
+            entry = _Watched(span, learner, threshold, start,
+                             thread_id if isinstance(thread_id, int) else threading.get_ident(), parent_context)
             self._open[span.context.span_id] = entry
             if self._thread is None:
                 self._start_watcher()
@@ -294,6 +313,8 @@ class StuckSpanProcessor(SpanProcessor):
             if entry is None:
                 return
             elapsed = time.monotonic() - entry.start
+            if span.start_time and span.end_time and span.end_time >= span.start_time:
+                elapsed = (span.end_time - span.start_time) / 1e9  # exact for spans ended after the fact
             if self._slot is not None:
                 self._slot.end(span.context.span_id)  # type: ignore[union-attr]
             if entry.count:
@@ -303,7 +324,7 @@ class StuckSpanProcessor(SpanProcessor):
                 self._recovered.append(self._alert(sc.ALERT_KIND_RECOVERED, entry, elapsed, None))
                 with self._cond:
                     self._cond.notify()
-            else:
+            elif span.name != sc.SPAN_BETWEEN_STEPS:
                 entry.learner.observe(elapsed)
         except Exception:  # noqa: BLE001
             _log_internal("on_end")
@@ -490,6 +511,9 @@ class StuckSpanProcessor(SpanProcessor):
 
 
 _MISSING = object()
+#: Spans judged by the rule of the span they time, when no rule names them: a step's device
+#: execution by the step's threshold (each keeps its own learned history).
+_TIMED_AS = {sc.SPAN_DEVICE_STEP: sc.SPAN_STEP}
 _instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
 
 

@@ -33,6 +33,7 @@ COLORS: dict[str, str] = {
     sc.BADPUT_WASTED_PROGRESS: "#8c564b",
     sc.BADPUT_RECOVERY: "#e377c2",
     sc.BADPUT_DOWNTIME: "#7f7f7f",
+    sc.BADPUT_HOST_OUTSIDE_STEPS: "#bcbd22",
     sc.BADPUT_OTHER: "#dbdb8d",
 }
 #: Marks above which a plot's data are rasterized inside its SVG.

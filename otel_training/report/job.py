@@ -17,6 +17,7 @@ from otel_training.analysis import (
     normal_threshold,
     step_stats,
     straggler_scores,
+    times_step,
 )
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD
 from otel_training.report.reader import Problem
@@ -83,7 +84,7 @@ def build_report(
     steps: list[Step] = []
     alerts: list[Alert] = []
     for record in records:
-        if record.name == sc.SPAN_STEP and record.is_trainer:
+        if record.is_trainer and times_step(record.name, record.attributes):
             steps.append(Step(record.run.rank, record.run.restart, record.start_ns, record.duration_s))
         elif record.name == sc.SPAN_ALERT:
             attributes = record.attributes

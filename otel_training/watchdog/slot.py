@@ -101,8 +101,8 @@ class SlotWriter:
     def begin(self, span: Span, parent_context: Context | None, start_s: float, threshold_s: float) -> None:
         context = span.context
         step = _attribute_int(span.attributes, sc.STEP)
-        epoch = None
-        if parent_context is not None:
+        epoch = _attribute_int(span.attributes, sc.EPOCH)  # a device step carries its epoch itself
+        if epoch is None and parent_context is not None:
             epoch = _attribute_int(getattr(trace_api.get_current_span(parent_context), "attributes", None), sc.EPOCH)
         self._seq += 1
         SEQ.pack_into(self._map, _SLOT_OFFSET, self._seq)

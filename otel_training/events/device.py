@@ -1,0 +1,379 @@
+"""The device timeline: a step's time as the accelerator spent it, not as the host launched it.
+
+CUDA work is asynchronous. The host launches a step's kernels and runs ahead,
+then blocks wherever it synchronises (a pinned-memory copy in the DataLoader,
+``loss.item()`` after the optimizer step, a full launch queue), so a host span
+measures launch time and the device's work lands in the wrong span or in none.
+
+Where a step runs device work, the step records a device event (a marker) on
+the current stream when it begins and when it ends, at a cost of a few
+microseconds and never a synchronisation. A resolver thread polls the oldest
+marker (markers on one stream complete in order) and turns completed ones into
+wall-clock timestamps. From them it emits the step's device execution as a
+``training.device_step`` span, child of the host ``training.step``:
+
+* started, backdated to the device start, as soon as the begin marker
+  completes, so the stuck detector watches the device work while it runs: a
+  stalled kernel, a hung collective or a dead GPU is alerted for *that* step,
+  whatever the host is doing (blocked in ``.item()``, launching ahead into later
+  steps, idle). Only one device step is open at a time, since the device runs
+  them in order;
+* ended at the end marker's completion (the stuck detector then says
+  ``recovered`` if it had alerted).
+
+The host step keeps its launch time and says ``training.step.device_timed``:
+statistics, goodput and the stuck detector then use the device span.
+
+The resolver also watches the host between steps: with no device work pending,
+a host outside any step for longer than the step's stuck threshold gets a
+``training.between_steps`` span (backdated to the end of the last step), which
+the stuck detector alerts on and which ends when the next step begins.
+
+The device sits behind ``Device``, a four-member interface, so the logic is
+tested on CPU with a fake asynchronous device; ``otel_training.events.cuda`` is
+the real one. Nothing here runs when no device is in use.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode
+
+from otel_training import semconv as sc
+from otel_training._contain import log_once
+
+if TYPE_CHECKING:
+    from otel_training.events.runtime import EventsRuntime
+
+#: How often the resolver looks at the oldest marker while device work is pending. Timestamps come
+#: from the device's own clock, so this bounds only how late a device step is seen to start or end.
+POLL_S = 0.005
+#: How often it looks when nothing is pending (a new step, the host-gap watch).
+IDLE_POLL_S = 0.02
+
+
+class Device(Protocol):
+    """One accelerator stream, as the timeline needs it."""
+
+    #: The device as torch names it ("cuda:0"), and its model name.
+    label: str
+    name: str
+
+    def record(self) -> Any | None:
+        """On the training thread: enqueue a marker on the current stream, without synchronising.
+
+        None records nothing (a CUDA graph is being captured, another device is current).
+        """
+
+    def completed_ns(self, marker: Any) -> int | None:
+        """On the resolver thread: the wall-clock ns at which ``marker`` completed, None while pending."""
+
+    def release(self, marker: Any) -> None:
+        """The marker is resolved and may be reused."""
+
+
+class _Step:
+    """One step's markers and its device span, from the host's begin to the device's end."""
+
+    __slots__ = ("host", "begin", "end", "thread_id", "epoch", "span", "launched")
+
+    def __init__(self, begin: Any, thread_id: int, epoch: Any) -> None:
+        self.host: Any = None  # the host step span (set right after it starts)
+        self.begin = begin
+        self.end: Any = None
+        self.thread_id = thread_id
+        self.epoch = epoch
+        self.span: Span | None = None
+        self.launched = False
+
+
+#: ``end`` of a step whose end could not be recorded (a capture began inside it).
+_UNRECORDED = object()
+
+
+class DeviceTimeline:
+    """Markers in, device spans out; one per pipeline and device."""
+
+    def __init__(self, device: Device, runtime: EventsRuntime, *, poll_s: float = POLL_S,
+                 idle_poll_s: float = IDLE_POLL_S) -> None:
+        self.device = device
+        self._runtime = runtime
+        self._tracer = runtime.tracer
+        self._poll_s = poll_s
+        self._idle_poll_s = idle_poll_s
+        # Training thread -> resolver: deque appends and pops are thread-safe.
+        self._pending: collections.deque[_Step] = collections.deque()
+        self._newest: _Step | None = None
+        self._last_end_ns: int | None = None
+        self._last_step: Any = None
+        self._gap: Span | None = None
+        self._gap_after: _Step | None = None
+        self.failed = False
+        self.resolved = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-training-device", daemon=True)
+        self._thread.start()
+        _timelines.add(self)
+        runtime.telemetry.on_shutdown(self.close)
+
+    # -- the training thread: one marker record, a deque append ---------------
+    def begin_step(self, epoch: Any) -> _Step | None:
+        """Record the step's begin marker; None when nothing was recorded (host timing for this step)."""
+        if self.failed:
+            return None
+        marker = self.device.record()
+        if marker is None:
+            return None
+        return _Step(marker, threading.get_ident(), epoch)
+
+    def started(self, step: _Step, host_span: Any) -> None:
+        step.host = host_span
+        self._pending.append(step)
+        self._newest = step
+
+    def end_step(self, step: _Step) -> None:
+        marker = None if self.failed else self.device.record()
+        step.end = _UNRECORDED if marker is None else marker
+
+    # -- the resolver thread ----------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                progressed = self.poll()
+            except Exception:  # noqa: BLE001 - a broken device must not leave steps half-timed forever
+                self._fail("the device timeline failed; steps are timed on the host from now on")
+                return
+            if not progressed:
+                self._stop.wait(self._poll_s if self._pending else self._idle_poll_s)
+
+    def poll(self, now_ns: int | None = None) -> bool:
+        """Resolve what has completed, oldest first; True if anything moved."""
+        progressed = False
+        pending = self._pending
+        while pending:
+            step = pending[0]
+            if step.span is None:
+                begun = self.device.completed_ns(step.begin)
+                if begun is None:
+                    break
+                self._start(step, begun)
+                progressed = True
+            end = step.end
+            if end is None:
+                break  # the host is still inside the step
+            if not step.launched:
+                step.launched = True
+                step.span.set_attribute(sc.STEP_LAUNCHED, True)  # type: ignore[union-attr]
+            if end is _UNRECORDED:
+                ended = max(_end_time(step.host) or 0, _start_time(step.span))
+            else:
+                ended = self.device.completed_ns(end)
+                if ended is None:
+                    break
+            self._finish(step, ended)
+            pending.popleft()
+            progressed = True
+        self._watch_gap(time.time_ns() if now_ns is None else now_ns)
+        return progressed
+
+    def _start(self, step: _Step, begun_ns: int) -> None:
+        host = step.host
+        # The device cannot start a step before the host launched it, nor before its previous step
+        # ended; clamping keeps a calibration error of microseconds from reordering them.
+        begun_ns = max(begun_ns, _start_time(host), self._last_end_ns or 0)
+        host_attributes = host.attributes or {}
+        attributes: dict[str, Any] = {
+            sc.EVENT_TARGET: host_attributes.get(sc.EVENT_TARGET, sc.TARGET_TRAINER),
+            sc.EVENT_NAME: "#device_step",
+            sc.DEVICE: self.device.label,
+            sc.DEVICE_NAME: self.device.name,
+            sc.THREAD_ID: step.thread_id,
+            sc.STEP_LAUNCHED: False,
+        }
+        for key in (sc.STEP, sc.INSTRUMENTATION_SOURCE):
+            if key in host_attributes:
+                attributes[key] = host_attributes[key]
+        if step.epoch is not None:
+            attributes[sc.EPOCH] = step.epoch
+        if self._last_end_ns is not None:
+            attributes[sc.DEVICE_IDLE_BEFORE_S] = (begun_ns - self._last_end_ns) / 1e9
+        if self._last_step is not None:
+            attributes[sc.DEVICE_LAST_COMPLETED_STEP] = self._last_step
+        context = trace_api.set_span_in_context(host)
+        span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=context, attributes=attributes,
+                                       start_time=begun_ns)
+        self._runtime.charge(span.get_span_context().trace_id)
+        step.span = span
+
+    def _finish(self, step: _Step, ended_ns: int) -> None:
+        span = step.span
+        assert span is not None
+        ended_ns = max(ended_ns, _start_time(span))
+        span.end(end_time=ended_ns)
+        self.device.release(step.begin)
+        if step.end is not _UNRECORDED:
+            self.device.release(step.end)
+        self._last_end_ns = ended_ns
+        self._last_step = (step.host.attributes or {}).get(sc.STEP, self._last_step)
+        self.resolved += 1
+
+    def _watch_gap(self, now_ns: int) -> None:
+        """The host outside any step for longer than the step threshold, with no device work pending."""
+        newest = self._newest
+        if self._gap is not None and newest is not self._gap_after:
+            # The next step began: the gap ends where its host span started.
+            ended = _start_time(newest.host) if newest is not None else now_ns
+            self._gap.end(end_time=max(ended, _start_time(self._gap)))
+            self._gap = self._gap_after = None
+        if self._gap is not None or newest is None or newest.end is None or self._pending:
+            return
+        since = _end_time(newest.host)
+        threshold = self._step_threshold_s()
+        if since is None or threshold is None or now_ns - since <= threshold * 1e9:
+            return
+        host = newest.host
+        host_attributes = host.attributes or {}
+        attributes: dict[str, Any] = {
+            sc.EVENT_TARGET: host_attributes.get(sc.EVENT_TARGET, sc.TARGET_TRAINER),
+            sc.EVENT_NAME: "#between_steps",
+            sc.DEVICE: self.device.label,
+            sc.THREAD_ID: newest.thread_id,
+        }
+        if sc.STEP in host_attributes:
+            attributes[sc.STEP] = host_attributes[sc.STEP]
+        if newest.epoch is not None:
+            attributes[sc.EPOCH] = newest.epoch
+        parent = host.parent
+        context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
+        self._gap = self._tracer.start_span(sc.SPAN_BETWEEN_STEPS, context=context, attributes=attributes,
+                                            start_time=since)
+        self._gap_after = newest
+
+    def _step_threshold_s(self) -> float | None:
+        stuck = getattr(self._runtime.telemetry, "stuck", None)
+        if stuck is None:
+            return None
+        threshold = stuck.threshold_for(sc.SPAN_DEVICE_STEP)
+        return None if threshold is None else threshold.seconds
+
+    # -- lifecycle ----------------------------------------------------------------
+    def close(self, timeout_s: float | None = None) -> None:
+        """Resolve what the device finishes in time; a step still running is ended as such.
+
+        Bounded by a quarter of ``exit_timeout_s`` (the rest is for exporting): a healthy loop
+        has only the few steps the host ran ahead of the device left at exit.
+        """
+        if timeout_s is None:
+            timeout_s = 0.25 * float(self._runtime.telemetry.options.get("exit_timeout_s", 2.0))
+        deadline = time.monotonic() + timeout_s
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            return  # the resolver is inside a device call: one poller only, and do not wait for it
+        try:
+            while self._pending and not self.failed and time.monotonic() < deadline:
+                if not self.poll():
+                    time.sleep(self._poll_s)
+        except Exception:  # noqa: BLE001
+            self._fail("the device timeline failed at shutdown")
+        self._abandon("the device work of this step had not completed at shutdown")
+
+    def _fail(self, message: str) -> None:
+        self.failed = True
+        log_once("device-timeline", "otel_training: %s", message)
+        self._abandon("the device timeline failed before this step completed on the device")
+
+    def _abandon(self, reason: str) -> None:
+        """End what is open: a device span that never saw its end says so, rather than vanishing."""
+        now = time.time_ns()
+        while self._pending:
+            step = self._pending.popleft()
+            if step.span is not None:
+                step.span.set_status(Status(StatusCode.ERROR, reason))
+                step.span.end(end_time=max(now, _start_time(step.span)))
+        if self._gap is not None:
+            self._gap.end(end_time=max(now, _start_time(self._gap)))
+            self._gap = None
+
+    def _forked(self) -> None:
+        """A forked child has neither the resolver thread nor a usable device."""
+        self.failed = True
+        self._pending.clear()
+        self._gap = None
+
+
+def _start_time(span: Any) -> int:
+    return getattr(span, "start_time", None) or 0
+
+
+def _end_time(span: Any) -> int | None:
+    return getattr(span, "end_time", None)
+
+
+# -- finding the device ---------------------------------------------------------------
+#: A device factory that replaces detection (tests, other accelerators): ``use_device(lambda: MyDevice())``.
+_factory: Callable[[], Device | None] | None = None
+_timelines: weakref.WeakSet[DeviceTimeline] = weakref.WeakSet()
+
+
+def use_device(factory: Callable[[], Device | None] | None) -> None:
+    """Time steps on the device ``factory()`` returns instead of the detected one (None: detect again).
+
+    Takes effect for pipelines configured afterwards and for a runtime that has not probed yet.
+    """
+    global _factory
+    _factory = factory
+
+
+def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
+    """The runtime's timeline, creating it once a device is in use; None while there is none.
+
+    Cheap while torch is not imported or has not initialised CUDA (a dict lookup and one call),
+    so a process that never uses a device pays nothing more per step.
+    """
+    if not runtime.telemetry.options.get("device_timeline", True):
+        runtime.device = False
+        return None
+    factory = _factory
+    if factory is None:
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return None
+        factory = _cuda_device
+    try:
+        device = factory()
+    except Exception:  # noqa: BLE001 - no device timing rather than no training
+        log_once("device-probe", "otel_training: could not set up the device timeline; steps are timed on the host")
+        runtime.device = False
+        return None
+    if device is None:
+        return None
+    timeline = DeviceTimeline(device, runtime)
+    runtime.device = timeline
+    return timeline
+
+
+def _cuda_device() -> Device | None:
+    from otel_training.events.cuda import CudaDevice
+
+    return CudaDevice.current()
+
+
+def _after_fork_in_child() -> None:
+    for timeline in list(_timelines):
+        timeline._forked()  # noqa: SLF001
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
