@@ -116,7 +116,6 @@ class DeviceTimeline:
         self._last_end_ns: int | None = None
         self._last_step: Any = None
         self._gap: Span | None = None
-        self._gap_after: _Step | None = None
         self.failed = False
         self.resolved = 0
         self._stop = threading.Event()
@@ -187,6 +186,7 @@ class DeviceTimeline:
 
     def _start(self, step: _Step, begun_ns: int) -> None:
         host = step.host
+        self._end_gap(_start_time(host))  # the next step began: the host is back in a step
         # The device cannot start a step before the host launched it, nor before its previous step
         # ended; clamping keeps a calibration error of microseconds from reordering them.
         begun_ns = max(begun_ns, _start_time(host), self._last_end_ns or 0)
@@ -227,36 +227,56 @@ class DeviceTimeline:
         self.resolved += 1
 
     def _watch_gap(self, now_ns: int) -> None:
-        """The host outside any step for longer than the step threshold, with no device work pending."""
-        newest = self._newest
-        if self._gap is not None and newest is not self._gap_after:
-            # The next step began: the gap ends where its host span started.
-            ended = _start_time(newest.host) if newest is not None else now_ns
-            self._gap.end(end_time=max(ended, _start_time(self._gap)))
-            self._gap = self._gap_after = None
-        if self._gap is not None or newest is None or newest.end is None or self._pending:
+        """Nothing in a step on the device for longer than the step threshold, with no device step open.
+
+        Either the host is outside any step with no device work pending (logging to a hung
+        filesystem, an unhooked evaluation), or the device has not begun the next step because it
+        is still busy with work queued outside the steps (a hung kernel of an evaluation).
+        """
+        if self._gap is not None:
             return
-        since = _end_time(newest.host)
+        pending = self._pending
+        if pending:
+            about = pending[0]
+            if about.span is not None:
+                return  # a device step is open, and watched itself
+            since = self._last_end_ns or _start_time(about.host)
+            step_before = self._last_step
+        else:
+            about = self._newest
+            if about is None or about.end is None:
+                return
+            host_end = _end_time(about.host)
+            if host_end is None:
+                return
+            since = max(host_end, self._last_end_ns or 0)  # from when both the host and the device were done
+            step_before = (about.host.attributes or {}).get(sc.STEP)
         threshold = self._step_threshold_s()
-        if since is None or threshold is None or now_ns - since <= threshold * 1e9:
+        if threshold is None or now_ns - since <= threshold * 1e9:
             return
-        host = newest.host
+        host = about.host
         host_attributes = host.attributes or {}
         attributes: dict[str, Any] = {
             sc.EVENT_TARGET: host_attributes.get(sc.EVENT_TARGET, sc.TARGET_TRAINER),
             sc.EVENT_NAME: "#between_steps",
             sc.DEVICE: self.device.label,
-            sc.THREAD_ID: newest.thread_id,
+            sc.THREAD_ID: about.thread_id,
         }
-        if sc.STEP in host_attributes:
-            attributes[sc.STEP] = host_attributes[sc.STEP]
-        if newest.epoch is not None:
-            attributes[sc.EPOCH] = newest.epoch
+        if step_before is not None:
+            attributes[sc.STEP] = step_before
+        if self._last_step is not None:
+            attributes[sc.DEVICE_LAST_COMPLETED_STEP] = self._last_step
+        if about.epoch is not None:
+            attributes[sc.EPOCH] = about.epoch
         parent = host.parent
         context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         self._gap = self._tracer.start_span(sc.SPAN_BETWEEN_STEPS, context=context, attributes=attributes,
                                             start_time=since)
-        self._gap_after = newest
+
+    def _end_gap(self, ended_ns: int) -> None:
+        if self._gap is not None:
+            self._gap.end(end_time=max(ended_ns, _start_time(self._gap)))
+            self._gap = None
 
     def _step_threshold_s(self) -> float | None:
         stuck = getattr(self._runtime.telemetry, "stuck", None)
@@ -301,9 +321,7 @@ class DeviceTimeline:
             if step.span is not None:
                 step.span.set_status(Status(StatusCode.ERROR, reason))
                 step.span.end(end_time=max(now, _start_time(step.span)))
-        if self._gap is not None:
-            self._gap.end(end_time=max(now, _start_time(self._gap)))
-            self._gap = None
+        self._end_gap(now)
 
     def _forked(self) -> None:
         """A forked child has neither the resolver thread nor a usable device."""
