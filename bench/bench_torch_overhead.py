@@ -8,6 +8,12 @@ a data-wait span per iteration, exported by the default pipeline (OTLP JSON
 file, batch span processor).
 
     .venv/bin/python bench/bench_torch_overhead.py
+    .venv/bin/python bench/bench_torch_overhead.py --device cuda --hidden 4096 --batch-size 512 --batches 50
+
+(``--device cuda``: the loop on the GPU, pinned memory, ``non_blocking`` copies,
+``loss.item()`` every 10 steps, so the instrumented rounds also time every step
+on the device timeline; pick ``--hidden``/``--batch-size`` for the step time
+you want, e.g. about 4 ms.)
 
 prints the median of the per-round ratios instrumented / plain (goal <= 1.02)
 for wall time and for process CPU time (which includes the exporter thread but
@@ -27,23 +33,31 @@ import otel_training
 from otel_training.integrations.torch import TorchInstrumentor
 
 
-def make_loop(hidden: int, batch_size: int, batches: int):
+def make_loop(hidden: int, batch_size: int, batches: int, device: str = "cpu"):
+    """The loop as people write it: on CUDA, pinned batches, ``non_blocking`` copies, ``loss.item()`` every 10."""
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(batches * batch_size, 256), torch.randint(0, 10, (batches * batch_size,)))
-    loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=True)
+    cuda = device == "cuda"
+    loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=True, pin_memory=cuda)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10),
-    )
+    ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def epoch() -> int:
         steps = 0
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
             optimizer.step()
             steps += 1
+            if steps % 10 == 0:
+                loss.item()
+        if cuda:
+            torch.cuda.synchronize()  # a round ends when the GPU has done its work
         return steps
 
     return epoch
@@ -56,12 +70,14 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024, help="MLP width (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the loop on the GPU, with the device timeline on (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
         telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False)
-        epoch = make_loop(args.hidden, args.batch_size, args.batches)
+        epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
         instrumentor = TorchInstrumentor()
         epoch()  # warm-up, both code paths
         instrumentor.instrument()
@@ -86,8 +102,9 @@ def main() -> None:
         result = telemetry.shutdown(timeout_s=10)
 
     plain, traced = statistics.median(times[False]), statistics.median(times[True])
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"model: MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch_size}, {steps} steps/round, "
-          f"{args.rounds} rounds per mode, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{args.rounds} rounds per mode, torch {torch.__version__}, {where}")
     print(f"plain:        median {plain * 1e3:8.1f} ms/round  ({plain / steps * 1e3:.2f} ms/step)")
     print(f"instrumented: median {traced * 1e3:8.1f} ms/round  ({traced / steps * 1e3:.2f} ms/step)")
     print(f"ratio instrumented/plain: median {statistics.median(ratios):.4f} "

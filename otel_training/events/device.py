@@ -353,6 +353,11 @@ def use_device(factory: Callable[[], Device | None] | None) -> None:
     _factory = factory
 
 
+def may_probe() -> bool:
+    """False while no device can be in use (torch not imported, no factory): the per-step fast path."""
+    return _factory is not None or "torch" in sys.modules
+
+
 def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
     """The runtime's timeline, creating it once a device is in use; None while there is none.
 

@@ -100,12 +100,16 @@ class Duration:
 
     def begin(self) -> Duration:
         """Start the span and make it current."""
+        return self._begin(None)
+
+    def _begin(self, rt: EventsRuntime | None) -> Duration:
         try:
             if self._span is not None:
                 log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
                          exc_info=False)
                 return self
-            rt = runtime()
+            if rt is None:
+                rt = runtime()
             parent = _CURRENT.get()
             context = None
             if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
@@ -271,12 +275,12 @@ class StepDuration(Duration):
         self._device_step: tuple[_device.DeviceTimeline, Any] | None = None
 
     def begin(self) -> Duration:
-        step = timeline = None
+        step = timeline = rt = None
         if self._span is None:
             try:
                 rt = runtime()
                 timeline = rt.device
-                if timeline is None:
+                if timeline is None and _device.may_probe():
                     timeline = _device.probe(rt)
                 if timeline:
                     parent = _CURRENT.get()
@@ -286,7 +290,7 @@ class StepDuration(Duration):
             except Exception:  # noqa: BLE001 - contained inline: this is the hot path
                 log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
                          "training continues")
-        super().begin()
+        self._begin(rt)
         if step is not None and self._span is not None and self._span.is_recording():
             timeline.started(step, self._span)  # type: ignore[union-attr]
             self._device_step = (timeline, step)  # type: ignore[assignment]

@@ -1,0 +1,179 @@
+"""The device timeline's cost on the training thread, and how fast a stalled step is alerted.
+
+1. Cost per step on the training thread: ``trainer.step()`` with the device
+   timeline against the same step without it, interleaved in rounds within one
+   process (CPU time of the training thread only, so the resolver thread's own
+   work is not counted, but its competition for the GIL is). On CPU the device
+   is a no-op stand-in, so the figure is our own code around the two markers;
+   with ``--cuda`` (and a GPU) it is the real ``torch.cuda.Event`` records on
+   the current stream. Goal: <= 10 µs per step.
+
+2. Alert latency: a loop whose step ``--stall-step`` stalls on the device (a
+   gated kernel on the fake device; ``torch.cuda._sleep`` with ``--cuda``),
+   with ``loss.item()`` every step and every 10 steps. Printed: the step the
+   stuck alert names, and how long after the device began that step the alert
+   came, minus the threshold. Goal: the stalled step, within 50 ms.
+
+    .venv/bin/python bench/bench_device.py            # CPU: the no-op device and the fake device
+    .venv/bin/python bench/bench_device.py --cuda     # a GPU: real CUDA events and kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import otel_training  # noqa: E402
+from otel_training import semconv as sc  # noqa: E402
+from otel_training.events import device as device_module  # noqa: E402
+
+
+class NoOpDevice:
+    """Markers that complete at once: what is left is the timeline's own cost."""
+
+    label, name = "noop:0", "no-op device"
+
+    def record(self) -> object:
+        return time.time_ns()
+
+    def completed_ns(self, marker: int) -> int:
+        return marker
+
+    def release(self, marker: object) -> None:
+        pass
+
+
+def _configure(output: str, **options) -> otel_training.Telemetry:
+    return otel_training.configure(reconfigure=True, output_dir=output, exporter="none", metrics=False,
+                                   signal_hooks=False, exception_hooks=False, **options)
+
+
+def step_cost(factory, steps: int, rounds: int) -> tuple[float, float, list[float]]:
+    """Median µs per step with and without the timeline, and the per-round differences."""
+    with tempfile.TemporaryDirectory() as output:
+        with_device, without, differences = [], [], []
+        for index in range(rounds):
+            measured = {}
+            for on in ((True, False) if index % 2 == 0 else (False, True)):
+                device_module.use_device(factory if on else None)
+                telemetry = _configure(output, device_timeline=on)
+                trainer = otel_training.TrainerProcess()
+                with trainer.step(global_step=-1):  # probe and warm up outside the timing
+                    pass
+                started = time.thread_time_ns()
+                for step in range(steps):
+                    with trainer.step(global_step=step):
+                        pass
+                measured[on] = (time.thread_time_ns() - started) / steps / 1e3
+                telemetry.shutdown(timeout_s=5)
+            with_device.append(measured[True])
+            without.append(measured[False])
+            differences.append(measured[True] - measured[False])
+        device_module.use_device(None)
+    return statistics.median(with_device), statistics.median(without), differences
+
+
+def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: int) -> tuple[object, float]:
+    """(the step the first stuck alert names, alert time − device begin − threshold in seconds)."""
+    if cuda:
+        import torch
+
+        torch.cuda.init()
+        device_module.use_device(None)
+        cycles = _cycles_per_second(torch)
+        work = torch.randn(2048, 2048, device="cuda")
+
+        def launch(index: int) -> None:
+            if index == stall_step:
+                torch.cuda._sleep(int((threshold_s + 1.0) * cycles))
+            for _ in range(4):
+                work @ work  # noqa: B018 - device work
+
+        def sync() -> None:
+            torch.cuda.synchronize()
+    else:
+        from fake_device import FakeDevice
+
+        fake = FakeDevice()
+        device_module.use_device(lambda: fake)
+        gates: list[threading.Event] = []
+
+        def launch(index: int) -> None:
+            if index == stall_step:
+                gates.append(fake.launch_gate())
+            fake.launch(0.004)
+
+        def sync() -> None:
+            fake.synchronize()
+
+    alerts: list = []
+    with tempfile.TemporaryDirectory() as output:
+        telemetry = _configure(output, stuck_threshold_s=threshold_s)
+
+        def on_alert(event) -> None:
+            if event.kind == sc.ALERT_KIND_STUCK and not alerts:
+                alerts.append((event, time.time_ns()))
+                for gate in gates if not cuda else ():
+                    gate.set()
+
+        telemetry.stuck.add_callback(on_alert)  # type: ignore[attr-defined]
+        trainer = otel_training.TrainerProcess()
+        for index in range(stall_step + 20):
+            with trainer.step(global_step=index):
+                launch(index)
+            if index % sync_every == sync_every - 1:
+                sync()
+        sync()
+        telemetry.shutdown(timeout_s=5)
+    device_module.use_device(None)
+    event, _ = alerts[0]
+    return event.attributes.get(sc.STEP), event.elapsed_s - threshold_s
+
+
+def _cycles_per_second(torch) -> float:
+    cycles = 100_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cuda", action="store_true", help="real CUDA events and kernels (needs a GPU)")
+    parser.add_argument("--steps", type=int, default=2000, help="steps per round (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds per mode (default: %(default)s)")
+    parser.add_argument("--threshold", type=float, default=1.0, help="stuck threshold, s (default: %(default)s)")
+    args = parser.parse_args()
+
+    if args.cuda:
+        import torch
+
+        from otel_training.events.cuda import CudaDevice
+
+        torch.cuda.init()
+        factory, what = CudaDevice.current, f"CUDA events on {torch.cuda.get_device_name()}"
+    else:
+        factory, what = NoOpDevice, "a no-op device (the timeline's own code)"
+    with_device, without, differences = step_cost(factory, args.steps, args.rounds)
+    print(f"training-thread CPU per trainer.step(), {what}:")
+    print(f"  with the device timeline {with_device:7.2f} us, without {without:7.2f} us: "
+          f"+{statistics.median(differences):.2f} us per step (rounds {min(differences):+.2f} .. "
+          f"{max(differences):+.2f}); goal <= 10 us")
+    for sync_every in (1, 10):
+        step, late = alert_latency(args.cuda, sync_every, args.threshold, stall_step=80 if args.cuda else 30)
+        print(f"stall at step {80 if args.cuda else 30}, loss.item() every {sync_every:2d} step(s): alert names "
+              f"step {step}, {late * 1e3:6.1f} ms after threshold (goal: that step, <= 50 ms)")
+
+
+if __name__ == "__main__":
+    main()

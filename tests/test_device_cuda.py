@@ -1,0 +1,142 @@
+"""The device timeline on a real CUDA GPU: skipped, with the reason, where there is none (CI never has one).
+
+What the fake-device tests (test_device_timeline.py) cannot show: that CUDA
+events recorded from the step hooks, resolved by the resolver thread and
+calibrated to the wall clock give the GPU's own step time; that an unmodified
+plain loop under ``otel-training run`` gets device-true goodput; that a hung
+kernel (``torch.cuda._sleep``) is alerted for its own step within threshold +
+50 ms whether the host syncs every step or every 10; and that CUDA graph
+capture is neither recorded into nor disturbed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from requirements import require
+
+torch = require("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device here (torch.cuda.is_available() is False): the real-GPU device-timeline "
+                "tests run only on a machine with one; tests/test_device_timeline.py covers the logic on CPU",
+                allow_module_level=True)
+
+from otlp_json import read_spans  # noqa: E402
+
+from otel_training import semconv as sc  # noqa: E402
+from otel_training.events.cuda import CudaDevice  # noqa: E402
+from otel_training.report.job import build_report  # noqa: E402
+from otel_training.report.reader import read_paths  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+OTEL_TRAINING = str(Path(sys.executable).parent / "otel-training")
+LOOP = str(REPO / "examples" / "cuda_plain_loop.py")
+THRESHOLD_S = 1.0
+
+
+def _cycles_per_second() -> float:
+    cycles = 100_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def _resolve(device: CudaDevice, marker, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = device.completed_ns(marker)
+        if done is not None:
+            return done
+        time.sleep(0.001)
+    raise AssertionError("a CUDA event did not complete in time")
+
+
+def test_markers_give_the_device_time_on_the_wall_clock() -> None:
+    torch.cuda.init()
+    device = CudaDevice.current()
+    assert device is not None and device.label.startswith("cuda:")
+    cycles = int(0.05 * _cycles_per_second())
+    torch.cuda.synchronize()
+    host_before = time.time_ns()
+    begin = device.record()
+    torch.cuda._sleep(cycles)  # 50 ms of device work, launched in microseconds
+    end = device.record()
+    host_after_launch = time.time_ns()
+    begun_ns, ended_ns = _resolve(device, begin), _resolve(device, end)
+    # The device's duration, not the launch time.
+    assert (host_after_launch - host_before) / 1e9 < 0.01
+    assert (ended_ns - begun_ns) / 1e9 == pytest.approx(0.05, rel=0.1)
+    # Calibrated: the idle device began right after the host recorded (within 1 ms).
+    assert -1_000_000 <= begun_ns - host_before <= 1_000_000
+
+
+def test_nothing_is_recorded_while_a_graph_is_captured() -> None:
+    device = CudaDevice.current()
+    assert device is not None
+    x = torch.zeros(1024, device="cuda")
+    pending = device.record()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x.add_(1)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            assert device.record() is None  # would be captured into the graph
+            assert device.completed_ns(pending) is None  # no query from anyone during a capture
+            x.add_(1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert x[0].item() == 3.0  # the capture worked and replays
+    assert _resolve(device, pending) > 0
+
+
+def _run_loop(tmp_path: Path, *loop_args: str, stuck: bool) -> tuple[dict, list[dict], Path]:
+    out = tmp_path / "traces"
+    env = {**os.environ, "OTEL_TRAINING_OUTPUT_DIR": str(out), "PYTHONUNBUFFERED": "1"}
+    if stuck:
+        env["OTEL_TRAINING_STUCK_THRESHOLD_S"] = str(THRESHOLD_S)
+    result = subprocess.run([OTEL_TRAINING, "run", "--", sys.executable, LOOP, *loop_args],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    (trace,) = sorted(out.glob("traces-r*.jsonl"))
+    return summary, read_spans(trace), trace
+
+
+def test_healthy_plain_loop_under_otel_training_run(tmp_path: Path) -> None:
+    summary, spans, trace = _run_loop(tmp_path, "--steps", "400", "--item-every", "10", stuck=False)
+    read = read_paths([trace])
+    report = build_report(read.records)
+    assert report.goodput.goodput is not None and report.goodput.goodput >= 0.90, report.goodput.seconds
+    assert report.goodput.badput[sc.BADPUT_DATA_LOADING] <= 0.05 * report.goodput.total_s, report.goodput.seconds
+    assert report.job_steps is not None
+    assert report.job_steps.median == pytest.approx(summary["true_step_median_s"], rel=0.05)
+    assert not report.alerts
+    assert any(span["name"] == sc.SPAN_DEVICE_STEP for span in spans)
+
+
+@pytest.mark.parametrize("item_every", ["1", "10"], ids=["item-every-step", "item-every-10-steps"])
+def test_a_hung_kernel_is_alerted_for_its_own_step(tmp_path: Path, item_every: str) -> None:
+    _, spans, _ = _run_loop(tmp_path, "--steps", "120", "--item-every", item_every, "--stall-step", "80",
+                            "--stall-s", "4", stuck=True)
+    alerts = [span["attributes"] for span in spans if span["name"] == sc.SPAN_ALERT]
+    stuck = [alert for alert in alerts if alert[sc.ALERT_KIND] == sc.ALERT_KIND_STUCK]
+    assert stuck, "no stuck alert"
+    first = stuck[0]
+    assert first[sc.ALERT_SPAN_NAME] == sc.SPAN_DEVICE_STEP
+    assert first[sc.STEP] == 80, [alert.get(sc.STEP) for alert in stuck]
+    assert {alert[sc.STEP] for alert in stuck} == {80}  # repeats name the same step, never 88
+    # Caught within threshold + 50 ms of the device beginning the step.
+    assert first[sc.ALERT_ELAPSED_S] <= THRESHOLD_S + 0.05
+    recovered = [alert for alert in alerts if alert[sc.ALERT_KIND] == sc.ALERT_KIND_RECOVERED]
+    assert [alert[sc.ALERT_SPAN_ID] for alert in recovered] == [first[sc.ALERT_SPAN_ID]]
