@@ -219,6 +219,8 @@ ALERT_THRESHOLD_SOURCE: Final = "training.alert.threshold_source"
 ALERT_SPAN_NAME: Final = "training.alert.span.name"
 ALERT_SPAN_ID: Final = "training.alert.span.id"
 ALERT_COUNT: Final = "training.alert.count"
+#: True on a repeat of a stuck alert for a span still open (count >= 2): pages count episodes, not repeats.
+ALERT_REPEAT: Final = "training.alert.repeat"
 ALERT_STACKS: Final = "training.alert.stacks"
 ALERT_SOURCE: Final = "training.alert.source"
 # Stuck-step detection details (issue 3, docs/stuck-detection.md).

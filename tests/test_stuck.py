@@ -104,6 +104,8 @@ def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callabl
     assert 0.7 <= second_at < 0.95
     stuck = p.alerts(sc.ALERT_KIND_STUCK)
     assert [span.attributes[sc.ALERT_COUNT] for span in stuck] == [1, 2]
+    # Only the repeat says so: a paging rule counts one episode against the one recovery.
+    assert [span.attributes.get(sc.ALERT_REPEAT) for span in stuck] == [None, True]
     first = stuck[0]
     step_context = step.get_span_context()
     assert first.parent.span_id == step_context.span_id

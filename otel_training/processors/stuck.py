@@ -416,6 +416,8 @@ class StuckSpanProcessor(SpanProcessor):
             attributes[sc.ALERT_STACKS] = stacks
         if kind == sc.ALERT_KIND_STUCK and self._action != "none":
             attributes[sc.ALERT_ACTION] = self._action
+        if kind == sc.ALERT_KIND_STUCK and entry.count > 1:
+            attributes[sc.ALERT_REPEAT] = True  # one episode, one recovery: rules count first alerts only
         self._export(span, context, attributes)
         self._counter.add(1, {sc.ALERT_KIND: kind, sc.ALERT_SPAN_NAME: span.name})
         level = logging.WARNING if kind == sc.ALERT_KIND_STUCK else logging.INFO
