@@ -49,6 +49,15 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({"stuck_span_names": ["training.step=abc"]}, {}, r"stuck_span_names.*'abc' of 'training.step'"),
         ({}, {"OTEL_TRAINING_STUCK_SPAN_NAMES": "training.step=-5"}, r"OTEL_TRAINING_STUCK_SPAN_NAMES.*>= 0"),
         ({"stuck_exit_code": 300}, {}, r"stuck_exit_code.*300.*0\.\.255"),
+        # Durations and sizes are range-checked: past the bound they break timers at exit.
+        ({"exit_timeout_s": 1e10}, {}, r"exit_timeout_s.*10000000000.0.*604800"),
+        ({"exit_timeout_s": 10**400}, {}, r"exit_timeout_s.*604800"),
+        ({}, {"OTEL_TRAINING_EXIT_TIMEOUT_S": "1e10"}, r"OTEL_TRAINING_EXIT_TIMEOUT_S.*'1e10'.*604800"),
+        ({}, {"OTEL_TRAINING_TRACE_MAX_AGE_S": "99999999999"}, r"OTEL_TRAINING_TRACE_MAX_AGE_S.*604800"),
+        ({"trace_max_spans": 2**31}, {}, r"trace_max_spans.*2147483648.*2147483647"),
+        ({}, {"OTEL_TRAINING_DLROVER_LOG_QUEUE_SIZE": str(10**30)}, r"DLROVER_LOG_QUEUE_SIZE.*2147483647"),
+        # OTLP integers are int64: a bigger rank would vanish from every export.
+        ({}, {"OTEL_TRAINING_RANK": str(2**64)}, r"OTEL_TRAINING_RANK.*'18446744073709551616'.*9223372036854775807"),
     ],
 )
 def test_bad_values_name_option_and_value(arguments: dict, environ: dict, expected: str) -> None:
@@ -119,12 +128,42 @@ def test_bad_config_files_name_the_file(tmp_path: Path) -> None:
         ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
         ("OTEL_TRACES_SAMPLER", "sometimes"),
         ("OTEL_RESOURCE_ATTRIBUTES", "team"),
+        # Durations (ms) and sizes past what the SDK's threads and queues take kill them later.
+        ("OTEL_BSP_SCHEDULE_DELAY", "99999999999999"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "99999999999999"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", str(2**63)),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5000"),  # above the default queue size, 2048
+        ("OTEL_METRIC_EXPORT_INTERVAL", "99999999999999"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "inf"),
+        ("OTEL_METRIC_EXPORT_TIMEOUT", "-1"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e10"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "many"),
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-1"),
     ],
 )
 def test_bad_standard_variables_raise_before_training(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=f"{variable}={value!r}"):
         otel_training.configure(reconfigure=True, exporter="none")
+
+
+def test_the_bounds_themselves_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_training.config import otel_env
+
+    options = resolve({"exit_timeout_s": 604800, "trace_max_spans": 2**31 - 1}, {})
+    assert (options["exit_timeout_s"], options["trace_max_spans"]) == (604800.0, 2**31 - 1)
+    otel_env.validate({"OTEL_BSP_SCHEDULE_DELAY": "604800000", "OTEL_METRIC_EXPORT_INTERVAL": "604800000",
+                       "OTEL_BSP_MAX_QUEUE_SIZE": str(2**31 - 1), "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096",
+                       "OTEL_EXPORTER_OTLP_TIMEOUT": "604800", "OTEL_SPAN_EVENT_COUNT_LIMIT": "0",
+                       "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": ""})
+
+
+def test_the_batch_may_not_exceed_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_training.config import otel_env
+
+    otel_env.validate({"OTEL_BSP_MAX_QUEUE_SIZE": "10000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"})
+    with pytest.raises(ConfigError, match=r"OTEL_BSP_MAX_EXPORT_BATCH_SIZE='5000'.*OTEL_BSP_MAX_QUEUE_SIZE.*1000"):
+        otel_env.validate({"OTEL_BSP_MAX_QUEUE_SIZE": "1000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"})
 
 
 def test_configure_returns_the_same_handle(configure) -> None:

@@ -23,6 +23,19 @@ ENV_PREFIX = "OTEL_TRAINING_"
 ENV_CONFIG_FILE = "OTEL_TRAINING_CONFIG"
 
 
+#: The longest duration any setting takes, ours or a standard ``OTEL_*`` one: longer
+#: than any sensible bound on a flush, a step or a trace, and far inside what a
+#: timed wait accepts (past ~292 years it raises ``OverflowError``, at exit or in
+#: an exporter thread, hours after the typo).
+MAX_SECONDS = 7 * 24 * 3600
+#: The largest size or count (queue, batch, spans per trace): a 32-bit int, as the
+#: other OpenTelemetry SDKs take; beyond it a queue is unbounded in all but name.
+MAX_SIZE = 2**31 - 1
+#: The largest identity number (rank, world size...): OTLP's integers are int64,
+#: and a bigger one vanishes from every export.
+MAX_INT64 = 2**63 - 1
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the option and where it came from."""
 
@@ -52,14 +65,18 @@ def _parse_int(value: Any) -> int:
 def _parse_seconds(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a number of seconds, got a boolean")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = float(value.strip())
-    else:
-        raise ValueError("expected a number of seconds")
-    if math.isnan(seconds) or seconds < 0 or math.isinf(seconds):
-        raise ValueError("expected a finite number of seconds >= 0")
+    expected = f"expected a number of seconds >= 0 and <= {MAX_SECONDS} (a week)"
+    try:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        elif isinstance(value, str):
+            seconds = float(value.strip())
+        else:
+            raise ValueError("expected a number of seconds")
+    except OverflowError:  # an int beyond any float, e.g. 10**400
+        raise ValueError(expected) from None
+    if math.isnan(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError(expected)
     return seconds
 
 
@@ -99,21 +116,21 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return parse_choice
 
 
-def _non_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+def _non_negative(parse: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
     def parse_non_negative(value: Any) -> int:
         number = parse(value)
-        if number < 0:
-            raise ValueError("expected a value >= 0")
+        if not 0 <= number <= maximum:
+            raise ValueError(f"expected an integer in 0..{maximum}")
         return number
 
     return parse_non_negative
 
 
-def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+def _positive(parse: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
     def parse_positive(value: Any) -> int:
         number = parse(value)
-        if number <= 0:
-            raise ValueError("expected a value > 0")
+        if not 0 < number <= maximum:
+            raise ValueError(f"expected an integer in 1..{maximum}")
         return number
 
     return parse_positive
@@ -178,17 +195,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
     Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),
     Option("run_id", _optional(_parse_str), None, "training.run.id, one launch attempt (default: derived)."),
-    Option("rank", _optional(_non_negative(_parse_int)), None, "training.rank (default: RANK / SLURM_PROCID)."),
-    Option("local_rank", _optional(_non_negative(_parse_int)), None, "training.local_rank."),
-    Option("world_size", _optional(_positive(_parse_int)), None, "training.world_size."),
-    Option("node_rank", _optional(_non_negative(_parse_int)), None, "training.node.rank."),
-    Option("restart_count", _optional(_non_negative(_parse_int)), None, "training.restart.count."),
+    Option("rank", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.rank (default: RANK / SLURM_PROCID)."),
+    Option("local_rank", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.local_rank."),
+    Option("world_size", _optional(_positive(_parse_int, MAX_INT64)), None, "training.world_size."),
+    Option("node_rank", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.node.rank."),
+    Option("restart_count", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.restart.count."),
     # Continual training lineage, stamped on every span.
     Option("pipeline_id", _optional(_parse_str), None, "training.pipeline.id on every span."),
     Option("trigger_id", _optional(_parse_str), None, "training.trigger.id on every span."),
     Option("trigger_training_id", _optional(_parse_str), None, "training.trigger.training_id on every span."),
     # Trace layout.
-    Option("trace_max_spans", _positive(_parse_int), 10_000,
+    Option("trace_max_spans", _positive(_parse_int, MAX_SIZE), 10_000,
            "Spans per trace before a long-lived span (train, epoch) continues in a new, linked trace."),
     Option("trace_max_age_s", _parse_seconds, 3600.0,
            "Age of a trace before a long-lived span continues in a new, linked trace."),
@@ -203,7 +220,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("dlrover_log", _optional(_parse_str), None,
            "Write a DLRover-format event log to this file (BEGIN at span start, END at span end)."),
     Option("dlrover_log_format", _choice("text", "json"), "text", 'DLRover log line format: "text" or "json".'),
-    Option("dlrover_log_queue_size", _positive(_parse_int), 8192,
+    Option("dlrover_log_queue_size", _positive(_parse_int, MAX_SIZE), 8192,
            "Bound of the DLRover log writer queue; lines past it are dropped and counted."),
     # Stuck-step detection (see docs/stuck-detection.md).
     Option("stuck_threshold_s", _optional(_parse_seconds), None,

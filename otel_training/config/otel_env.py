@@ -8,9 +8,9 @@ naming the variable and the value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from otel_training.config.options import ConfigError
+from otel_training.config.options import MAX_SECONDS, MAX_SIZE, ConfigError
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _SAMPLERS = (
@@ -22,14 +22,25 @@ _SAMPLERS = (
     "parentbased_traceidratio",
 )
 _RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
-_POSITIVE_INTS = (
-    "OTEL_BSP_MAX_QUEUE_SIZE",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-    "OTEL_BSP_SCHEDULE_DELAY",
-    "OTEL_BSP_EXPORT_TIMEOUT",
-    "OTEL_METRIC_EXPORT_INTERVAL",
-)
+#: Milliseconds, read with ``int()`` by the batch span processor.
+_MILLISECONDS_INT = ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT")
+#: Milliseconds, read with ``float()`` by the periodic metric reader.
+_MILLISECONDS = ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_TIMEOUT")
 _SECONDS = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT")
+_QUEUE, _BATCH = "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+#: The SDK's defaults, which the batch size is checked against when one is unset.
+_DEFAULT_QUEUE, _DEFAULT_BATCH = 2048, 512
+#: Span limits: a count or length >= 0, or empty for no limit (the SDK raises on anything else).
+_LIMITS = (
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+)
 
 
 def otlp_protocol(environ: Mapping[str, str], signal: str = "TRACES") -> str:
@@ -44,27 +55,51 @@ def otlp_protocol(environ: Mapping[str, str], signal: str = "TRACES") -> str:
     return value
 
 
-def _check_positive(environ: Mapping[str, str], name: str, parse: type, expected: str) -> None:
+def _check_range(environ: Mapping[str, str], name: str, parse: Callable[[str], float], minimum: float,
+                 maximum: float, expected: str) -> None:
+    """Within [minimum, maximum]: the SDK takes nonsense and fails later (a dead exporter thread)."""
     if name not in environ:
         return
     value = environ[name]
     try:
-        ok = parse(value) > 0
-    except ValueError:
+        ok = minimum <= parse(value.strip()) <= maximum  # False for NaN
+    except (ValueError, OverflowError):
         ok = False
     if not ok:
-        raise ConfigError(f"environment variable {name}={value!r}: {expected}")
+        raise ConfigError(f"environment variable {name}={value!r}: expected {expected}")
+
+
+def _check_batch_fits_the_queue(environ: Mapping[str, str]) -> None:
+    """The SDK refuses a batch bigger than the queue, with a ValueError naming neither variable."""
+    queue, batch = int(environ.get(_QUEUE, _DEFAULT_QUEUE)), int(environ.get(_BATCH, _DEFAULT_BATCH))
+    if batch <= queue:
+        return
+    if _BATCH in environ:
+        source = f"{_QUEUE}={queue}" if _QUEUE in environ else f"{_QUEUE}'s default, {queue}"
+        raise ConfigError(f"environment variable {_BATCH}={environ[_BATCH]!r}: larger than {source}; "
+                          "a batch must fit in the queue")
+    raise ConfigError(f"environment variable {_QUEUE}={environ[_QUEUE]!r}: smaller than {_BATCH}'s default, "
+                      f"{batch}; set {_BATCH} to at most the queue size")
 
 
 def validate(environ: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for the first malformed standard variable."""
     otlp_protocol(environ, "TRACES")
     otlp_protocol(environ, "METRICS")
-    for name in _POSITIVE_INTS:
-        _check_positive(environ, name, int, "expected a positive integer")
+    max_ms = MAX_SECONDS * 1000
+    for name in _MILLISECONDS_INT:
+        _check_range(environ, name, int, 1, max_ms, f"a whole number of milliseconds in 1..{max_ms} (a week)")
+    for name in _MILLISECONDS:
+        _check_range(environ, name, float, 1e-3, max_ms, f"a number of milliseconds in [0.001, {max_ms}] (a week)")
+    for name in (_QUEUE, _BATCH):
+        _check_range(environ, name, int, 1, MAX_SIZE, f"an integer in 1..{MAX_SIZE}")
+    _check_batch_fits_the_queue(environ)
     for name in _SECONDS:
-        _check_positive(environ, name, float,
-                        "expected a positive number (the Python OTLP exporters read it in seconds)")
+        _check_range(environ, name, float, 1e-3, MAX_SECONDS,
+                     f"a number of seconds in [0.001, {MAX_SECONDS}] (the Python OTLP exporters read it in seconds)")
+    for name in _LIMITS:
+        if environ.get(name, "").strip():  # empty: no limit
+            _check_range(environ, name, int, 0, MAX_SIZE, f"an integer in 0..{MAX_SIZE}, or empty for no limit")
     sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if sampler and sampler not in _SAMPLERS:
         raise ConfigError(f"environment variable OTEL_TRACES_SAMPLER={sampler!r}: expected one of {', '.join(_SAMPLERS)}")
