@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,8 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({}, {"OTEL_TRAINING_TRACE_MAX_AGE_S": "99999999999"}, r"OTEL_TRAINING_TRACE_MAX_AGE_S.*604800"),
         ({"trace_max_spans": 2**31}, {}, r"trace_max_spans.*2147483648.*2147483647"),
         ({}, {"OTEL_TRAINING_DLROVER_LOG_QUEUE_SIZE": str(10**30)}, r"DLROVER_LOG_QUEUE_SIZE.*2147483647"),
+        ({"output_dir": "a\0b"}, {}, r"output_dir.*'a\\x00b'.*NUL"),
+        ({"dlrover_log": "events\0.log"}, {}, r"dlrover_log.*NUL"),
         # OTLP integers are int64: a bigger rank would vanish from every export.
         ({}, {"OTEL_TRAINING_RANK": str(2**64)}, r"OTEL_TRAINING_RANK.*'18446744073709551616'.*9223372036854775807"),
     ],
@@ -139,11 +142,23 @@ def test_bad_config_files_name_the_file(tmp_path: Path) -> None:
         ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e10"),
         ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "many"),
         ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-1"),
+        # Endpoints, compression, resource attributes and files the SDK would take, then fail on or ignore.
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "garbage"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4317"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:99999"),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "bogus"),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),  # the gRPC exporter knows gzip only
+        ("OTEL_RESOURCE_ATTRIBUTES", "training.rank=abc"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "team=vision,training.world_size=0"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent.pem"),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/"),
     ],
 )
 def test_bad_standard_variables_raise_before_training(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
     monkeypatch.setenv(variable, value)
-    with pytest.raises(ConfigError, match=f"{variable}={value!r}"):
+    with pytest.raises(ConfigError, match=re.escape(f"{variable}={value!r}")):
         otel_training.configure(reconfigure=True, exporter="none")
 
 
@@ -164,6 +179,32 @@ def test_the_batch_may_not_exceed_the_queue(monkeypatch: pytest.MonkeyPatch) -> 
     otel_env.validate({"OTEL_BSP_MAX_QUEUE_SIZE": "10000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"})
     with pytest.raises(ConfigError, match=r"OTEL_BSP_MAX_EXPORT_BATCH_SIZE='5000'.*OTEL_BSP_MAX_QUEUE_SIZE.*1000"):
         otel_env.validate({"OTEL_BSP_MAX_QUEUE_SIZE": "1000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"})
+
+
+def test_endpoints_compression_and_certificates_that_work_are_accepted(tmp_path: Path) -> None:
+    from otel_training.config import otel_env
+
+    certificate = tmp_path / "ca.pem"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\n")
+    otel_env.validate({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://[::1]:4317", "OTEL_EXPORTER_OTLP_CERTIFICATE":
+                       str(certificate), "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
+    otel_env.validate({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_COMPRESSION": "deflate",
+                       "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none",
+                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"})
+
+
+def test_resource_attributes_name_the_pair_and_identity_numbers_become_integers() -> None:
+    from otel_training.config import otel_env
+
+    with pytest.raises(ConfigError, match=r"OTEL_RESOURCE_ATTRIBUTES='training.rank=abc'.*training.rank.*'abc'"):
+        otel_env.validate({"OTEL_RESOURCE_ATTRIBUTES": "training.rank=abc"})
+    attributes = build_resource({}, {"OTEL_RESOURCE_ATTRIBUTES": "training.rank=5,training.world_size=8"}).attributes
+    assert (attributes[sc.TRAINING_RANK], attributes[sc.TRAINING_WORLD_SIZE]) == (5, 8)
+
+
+def test_launcher_ranks_beyond_int64_are_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"RANK='18446744073709551616'"):
+        build_resource({}, {"RANK": str(2**64)})
 
 
 def test_configure_returns_the_same_handle(configure) -> None:

@@ -58,7 +58,10 @@ def _parse_int(value: Any) -> int:
     if isinstance(value, int):
         return value
     if isinstance(value, str):
-        return int(value.strip())
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ValueError("expected an integer") from None
     raise ValueError("expected an integer")
 
 
@@ -84,6 +87,13 @@ def _parse_str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
     return value
+
+
+def _parse_path(value: Any) -> str:
+    path = _parse_str(value)
+    if "\0" in path:  # the OS refuses it, with an error naming nothing
+        raise ValueError("a path cannot contain a NUL character")
+    return path
 
 
 def _parse_str_list(value: Any) -> tuple[str, ...]:
@@ -184,7 +194,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("exporter", _optional(_choice("otlp", "file", "console", "none")), None,
            'Span exporter: "otlp", "file", "console" or "none". Default: "otlp" when '
            "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, else \"file\"."),
-    Option("output_dir", _parse_str, "./otel-traces",
+    Option("output_dir", _parse_path, "./otel-traces",
            "Directory of the file exporter: traces-r<rank>.jsonl and metrics-r<rank>.jsonl (OTLP JSON Lines)."),
     Option("service_name", _optional(_parse_str), None,
            'service.name when OTEL_SERVICE_NAME is not set. Default "training".'),
@@ -217,7 +227,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("exit_timeout_s", _parse_seconds, 2.0,
            "Bound on the flush at process exit, on a fatal signal or an uncaught exception."),
     # DLRover-compatible event log.
-    Option("dlrover_log", _optional(_parse_str), None,
+    Option("dlrover_log", _optional(_parse_path), None,
            "Write a DLRover-format event log to this file (BEGIN at span start, END at span end)."),
     Option("dlrover_log_format", _choice("text", "json"), "text", 'DLRover log line format: "text" or "json".'),
     Option("dlrover_log_queue_size", _positive(_parse_int, MAX_SIZE), 8192,

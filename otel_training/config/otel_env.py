@@ -8,9 +8,13 @@ naming the variable and the value.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 
 from otel_training.config.options import MAX_SECONDS, MAX_SIZE, ConfigError
+from otel_training.config.resource import from_otel_variables
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _SAMPLERS = (
@@ -30,6 +34,15 @@ _SECONDS = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "
 _QUEUE, _BATCH = "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 #: The SDK's defaults, which the batch size is checked against when one is unset.
 _DEFAULT_QUEUE, _DEFAULT_BATCH = 2048, 512
+_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+#: What each exporter takes; the gRPC one raises on anything but gzip, "none" included.
+_COMPRESSIONS = {"grpc": ("gzip",), "http/protobuf": ("gzip", "deflate", "none")}
+#: TLS files: the exporters log a missing one and carry on without it (unverified, or without a client certificate).
+_TLS_FILES = tuple(
+    f"OTEL_EXPORTER_OTLP{signal}_{kind}"
+    for signal in ("", "_TRACES", "_METRICS")
+    for kind in ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE")
+)
 #: Span limits: a count or length >= 0, or empty for no limit (the SDK raises on anything else).
 _LIMITS = (
     "OTEL_ATTRIBUTE_COUNT_LIMIT",
@@ -82,10 +95,61 @@ def _check_batch_fits_the_queue(environ: Mapping[str, str]) -> None:
                       f"{batch}; set {_BATCH} to at most the queue size")
 
 
+def _check_endpoint(environ: Mapping[str, str], name: str) -> None:
+    """An http(s) URL with a host: the exporters take anything and then drop every span."""
+    value = environ.get(name, "")
+    if not value.strip():
+        return
+    try:
+        url = urlsplit(value.strip())
+        ok = url.scheme in ("http", "https") and bool(url.hostname)
+        url.port  # noqa: B018 - raises ValueError unless a port number in 0..65535
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"environment variable {name}={value!r}: expected an http:// or https:// URL of the "
+                          "collector, e.g. http://collector:4317")
+
+
+def _check_compression(environ: Mapping[str, str], signal: str) -> None:
+    protocol = otlp_protocol(environ, signal)
+    accepted = _COMPRESSIONS[protocol]
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"):
+        value = environ.get(name)
+        if value is None or (not value.strip() and protocol == "http/protobuf"):  # http: empty is unset
+            continue
+        if value.strip().lower() not in accepted:
+            expected = "gzip (the Python gRPC exporter takes no other; leave it unset for none)" \
+                if protocol == "grpc" else f"one of {', '.join(accepted)}"
+            raise ConfigError(f"environment variable {name}={value!r}: expected {expected} with protocol {protocol}")
+
+
+def _check_file(environ: Mapping[str, str], name: str) -> None:
+    """A readable regular file (a FIFO would block the exporter's read)."""
+    path = environ.get(name)
+    if not path:
+        return
+    try:
+        problem = None if stat.S_ISREG(os.stat(path).st_mode) else "not a regular file"
+        if problem is None and not os.access(path, os.R_OK):
+            problem = "not readable"
+    except OSError as error:
+        problem = error.strerror or str(error)
+    except ValueError as error:  # an embedded NUL
+        problem = str(error)
+    if problem is not None:
+        raise ConfigError(f"environment variable {name}={path!r}: {problem}; the OTLP exporter would "
+                          "carry on without it")
+
+
 def validate(environ: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for the first malformed standard variable."""
-    otlp_protocol(environ, "TRACES")
-    otlp_protocol(environ, "METRICS")
+    for signal in ("TRACES", "METRICS"):
+        _check_compression(environ, signal)  # checks the protocol first
+    for name in _ENDPOINTS:
+        _check_endpoint(environ, name)
+    for name in _TLS_FILES:
+        _check_file(environ, name)
     max_ms = MAX_SECONDS * 1000
     for name in _MILLISECONDS_INT:
         _check_range(environ, name, int, 1, max_ms, f"a whole number of milliseconds in 1..{max_ms} (a week)")
@@ -119,3 +183,4 @@ def validate(environ: Mapping[str, str]) -> None:
                     f"environment variable OTEL_RESOURCE_ATTRIBUTES={attributes!r}: "
                     f"{pair.strip()!r} is not key=value"
                 )
+    from_otel_variables(environ)  # identity numbers that are not integers in range

@@ -98,7 +98,7 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     return done.wait(max(0.0, timeout_s))
 
 
-def _check_output_dir(output_dir: str) -> None:
+def check_output_dir(output_dir: str) -> None:
     """Fail before training, not at the first export, when the trace directory is unusable."""
     path = Path(output_dir)
     try:
@@ -182,7 +182,7 @@ class Telemetry:
     # -- construction -------------------------------------------------------
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
         if self.exporter_name == "file":
-            _check_output_dir(self.options["output_dir"])
+            check_output_dir(self.options["output_dir"])
             self.trace_path = trace_file(self.options["output_dir"], self.rank)
         return span_exporter(self.exporter_name, environ, self.trace_path)
 
