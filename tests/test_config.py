@@ -57,6 +57,12 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({}, {"OTEL_TRAINING_TRACE_MAX_AGE_S": "99999999999"}, r"OTEL_TRAINING_TRACE_MAX_AGE_S.*604800"),
         ({"trace_max_spans": 2**31}, {}, r"trace_max_spans.*2147483648.*2147483647"),
         ({}, {"OTEL_TRAINING_DLROVER_LOG_QUEUE_SIZE": str(10**30)}, r"DLROVER_LOG_QUEUE_SIZE.*2147483647"),
+        # Variable names are case-sensitive: a mixed-case one would be silently ignored.
+        ({}, {"OTEL_TRAINING_Stuck_Threshold_S": "soon"},
+         r"OTEL_TRAINING_Stuck_Threshold_S.*upper case.*did you mean OTEL_TRAINING_STUCK_THRESHOLD_S"),
+        ({}, {"otel_training_exporter": "console"}, r"otel_training_exporter.*OTEL_TRAINING_EXPORTER"),
+        ({}, {"Otel_Training_Config": "x.json"}, r"Otel_Training_Config.*OTEL_TRAINING_CONFIG"),
+        ({}, {"otel_training_colour": "blue"}, r"unknown option 'colour'.*otel_training_colour"),
         ({"output_dir": "a\0b"}, {}, r"output_dir.*'a\\x00b'.*NUL"),
         ({"dlrover_log": "events\0.log"}, {}, r"dlrover_log.*NUL"),
         # OTLP integers are int64: a bigger rank would vanish from every export.

@@ -264,6 +264,21 @@ def _unknown(name: str, where: str) -> ConfigError:
     return ConfigError(f"unknown option {name!r} in {where}{hint}")
 
 
+def _check_variable_name(key: str) -> None:
+    """Our variables are upper case; any other spelling would be silently ignored, so it is an error."""
+    upper = key.upper()
+    # OTEL_TRAINING__* (double underscore) is reserved for the library's own
+    # plumbing between processes (launcher, watchdog) and is not an option.
+    if not upper.startswith(ENV_PREFIX) or upper.startswith(ENV_PREFIX + "_"):
+        return
+    name = key[len(ENV_PREFIX):].lower()
+    if upper != ENV_CONFIG_FILE and name not in OPTIONS_BY_NAME:
+        raise _unknown(name, f"environment variable {key}")
+    if key != upper:
+        raise ConfigError(f"environment variable {key}: variable names are upper case, and this one would be "
+                          f"ignored; did you mean {upper}?")
+
+
 def _load_file(path: str) -> dict[str, Any]:
     """Read the config file; any problem is a ConfigError naming the file."""
     file = Path(path)
@@ -308,11 +323,7 @@ def resolve(
             if name not in OPTIONS_BY_NAME:
                 raise _unknown(name, f"config file {path!r}")
     for key in environ:
-        # OTEL_TRAINING__* (double underscore) is reserved for the library's own
-        # plumbing between processes (launcher, watchdog) and is not an option.
-        if key.startswith(ENV_PREFIX) and key != ENV_CONFIG_FILE and not key.startswith(ENV_PREFIX + "_"):
-            if key[len(ENV_PREFIX):].lower() not in OPTIONS_BY_NAME:
-                raise _unknown(key[len(ENV_PREFIX):].lower(), f"environment variable {key}")
+        _check_variable_name(key)
 
     resolved: dict[str, Any] = {}
     for option in OPTIONS:
