@@ -128,6 +128,38 @@ def test_bad_config_files_name_the_file(tmp_path: Path) -> None:
         resolve({}, {"OTEL_TRAINING_CONFIG": str(not_a_table)})
 
 
+def test_a_config_file_that_is_no_regular_file_fails_at_once(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            resolve({}, {"OTEL_TRAINING_CONFIG": str(fifo)})
+        except BaseException as error:  # noqa: BLE001
+            outcome.append(error)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():  # blocked in open(): give it a writer and an EOF so the test ends
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], ConfigError), outcome
+    assert f"OTEL_TRAINING_CONFIG='{fifo}'" in str(outcome[0]) and "not a regular file" in str(outcome[0])
+    with pytest.raises(ConfigError, match="not a regular file"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(tmp_path)})
+    huge = tmp_path / "huge.json"
+    huge.write_text(" " * (2 << 20) + "{}")
+    with pytest.raises(ConfigError, match=r"huge.json.*larger than 1 MiB"):
+        resolve({}, {"OTEL_TRAINING_CONFIG": str(huge)})
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        resolve({}, {}, config_file="bad\0name.json")
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [

@@ -15,6 +15,7 @@ import difflib
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ MAX_SIZE = 2**31 - 1
 #: The largest identity number (rank, world size...): OTLP's integers are int64,
 #: and a bigger one vanishes from every export.
 MAX_INT64 = 2**63 - 1
+#: A config file holds a few dozen options; anything bigger is the wrong file.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -279,13 +282,35 @@ def _check_variable_name(key: str) -> None:
                           f"ignored; did you mean {upper}?")
 
 
+def _read_config_bytes(path: str) -> bytes:
+    """The file's bytes, refusing what is no config file rather than blocking configure() on it.
+
+    Opening a FIFO waits for a writer and reading a device or a mistaken
+    checkpoint path may not end: only a regular file of a sane size is read.
+    """
+    # O_NONBLOCK: a FIFO would block the open itself; a regular file ignores the flag.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: not a regular file")
+    with open(descriptor, "rb") as file:
+        raw = file.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: larger than 1 MiB, which no config file is")
+    return raw
+
+
 def _load_file(path: str) -> dict[str, Any]:
     """Read the config file; any problem is a ConfigError naming the file."""
     file = Path(path)
     try:
-        raw = file.read_bytes()
+        raw = _read_config_bytes(path)
     except OSError as error:
         raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error.strerror or error}") from None
+    except ValueError as error:  # an embedded NUL
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error}") from None
     try:
         if file.suffix.lower() == ".toml":
             try:
