@@ -192,6 +192,7 @@ def test_a_config_file_that_is_no_regular_file_fails_at_once(tmp_path: Path) -> 
         ("OTEL_RESOURCE_ATTRIBUTES", "team=vision,training.world_size=0"),
         ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent.pem"),
         ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/"),
+        ("OTEL_METRICS_EXEMPLAR_FILTER", "sometimes"),
     ],
 )
 def test_bad_standard_variables_raise_before_training(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
@@ -243,6 +244,50 @@ def test_resource_attributes_name_the_pair_and_identity_numbers_become_integers(
 def test_launcher_ranks_beyond_int64_are_rejected() -> None:
     with pytest.raises(ConfigError, match=r"RANK='18446744073709551616'"):
         build_resource({}, {"RANK": str(2**64)})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5000"), ("OTEL_EXPORTER_OTLP_COMPRESSION", "bogus"),
+     ("OTEL_RESOURCE_ATTRIBUTES", "training.rank=abc"), ("OTEL_SPAN_EVENT_COUNT_LIMIT", "many")],
+)
+def test_a_bad_environment_without_configure_fails_once_then_runs_disabled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, value: str
+) -> None:
+    import logging
+
+    from otel_training.config import telemetry as telemetry_module
+    from otel_training.events import hooks
+    from otel_training.events import runtime as runtime_module
+
+    monkeypatch.setattr(telemetry_module, "_current", None)  # no configure() call: the events API configures
+    monkeypatch.setattr(runtime_module, "_runtime", None)
+    monkeypatch.setenv(variable, value)
+    attempts = []
+    real_resolve = telemetry_module.resolve
+    monkeypatch.setattr(telemetry_module, "resolve", lambda *args, **kwargs: attempts.append(1) or
+                        real_resolve(*args, **kwargs))
+    trainer = otel_training.TrainerProcess()
+    with caplog.at_level(logging.ERROR, logger="otel_training"):
+        for step in range(20):
+            with trainer.step(global_step=step):
+                trainer.log(loss=1.0)
+    assert len(attempts) == 1  # tried once, not on every step
+    stand_in = otel_training.get_telemetry()
+    assert stand_in.disabled and isinstance(stand_in.config_error, ConfigError)
+    errors = [record.getMessage() for record in caplog.records if f"{variable}=" in record.getMessage()]
+    assert len(errors) == 1 and "records no telemetry" in errors[0], errors
+    # An explicit configure() still raises the error; once fixed, it replaces the stand-in.
+    with pytest.raises(ConfigError, match=variable):
+        otel_training.configure()
+    monkeypatch.delenv(variable)
+    fixed = otel_training.configure(exporter="none", signal_hooks=False, exception_hooks=False)
+    try:
+        assert fixed is not stand_in and not fixed.disabled and stand_in.is_shut_down
+        assert otel_training.get_telemetry() is fixed
+    finally:
+        fixed.shutdown(timeout_s=2)
+        hooks.uninstall()
 
 
 def test_configure_returns_the_same_handle(configure) -> None:

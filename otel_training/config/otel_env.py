@@ -26,6 +26,7 @@ _SAMPLERS = (
     "parentbased_traceidratio",
 )
 _RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+_EXEMPLAR_FILTERS = ("trace_based", "always_on", "always_off")
 #: Milliseconds, read with ``int()`` by the batch span processor.
 _MILLISECONDS_INT = ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT")
 #: Milliseconds, read with ``float()`` by the periodic metric reader.
@@ -164,6 +165,10 @@ def validate(environ: Mapping[str, str]) -> None:
     for name in _LIMITS:
         if environ.get(name, "").strip():  # empty: no limit
             _check_range(environ, name, int, 0, MAX_SIZE, f"an integer in 0..{MAX_SIZE}, or empty for no limit")
+    exemplars = environ.get("OTEL_METRICS_EXEMPLAR_FILTER")
+    if exemplars is not None and exemplars not in _EXEMPLAR_FILTERS:  # the SDK raises, naming no variable
+        raise ConfigError(f"environment variable OTEL_METRICS_EXEMPLAR_FILTER={exemplars!r}: expected one of "
+                          f"{', '.join(_EXEMPLAR_FILTERS)}")
     sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if sampler and sampler not in _SAMPLERS:
         raise ConfigError(f"environment variable OTEL_TRACES_SAMPLER={sampler!r}: expected one of {', '.join(_SAMPLERS)}")
