@@ -241,6 +241,19 @@ def test_resource_attributes_name_the_pair_and_identity_numbers_become_integers(
     assert (attributes[sc.TRAINING_RANK], attributes[sc.TRAINING_WORLD_SIZE]) == (5, 8)
 
 
+def test_undecodable_environment_values_reach_the_resource_escaped() -> None:
+    # os.environ decodes bytes that are not UTF-8 as lone surrogates, which no exporter can encode.
+    environ = {"OTEL_SERVICE_NAME": "svc\udce9", "SLURM_JOB_ID": "job\udce9",
+               "OTEL_RESOURCE_ATTRIBUTES": "team=vis%C3%A9on,owner=a%ffb"}
+    attributes = build_resource({}, environ).attributes
+    assert attributes[sc.SERVICE_NAME] == "svc\\udce9"
+    assert attributes[sc.TRAINING_JOB_ID] == "job\\udce9"
+    assert attributes["team"] == "visé" + "on"
+    for value in attributes.values():
+        if isinstance(value, str):
+            value.encode("utf-8")  # raises on a lone surrogate
+
+
 def test_launcher_ranks_beyond_int64_are_rejected() -> None:
     with pytest.raises(ConfigError, match=r"RANK='18446744073709551616'"):
         build_resource({}, {"RANK": str(2**64)})

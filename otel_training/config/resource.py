@@ -20,6 +20,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
 from otel_training.config.options import MAX_INT64, OPTIONS_BY_NAME, ConfigError
+from otel_training.events.attributes import text
 
 DEFAULT_SERVICE_NAME = "training"
 
@@ -138,4 +139,8 @@ def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None
     from_env = Resource(from_otel_variables(environ))
     explicit_attributes = {key: value for key, value in explicit.items() if value is not None}
     explicit_attributes[sc.TRAINING_ROLE] = attributes[sc.TRAINING_ROLE]
-    return Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))
+    resource = Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))
+    # The environment decodes bytes that are not UTF-8 as lone surrogates, which
+    # every export would drop (with a traceback): escape them once, here.
+    return Resource({text(key): text(value) if isinstance(value, str) else value
+                     for key, value in resource.attributes.items()}, resource.schema_url)
