@@ -55,6 +55,8 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({"exit_timeout_s": 10**400}, {}, r"exit_timeout_s.*604800"),
         ({}, {"OTEL_TRAINING_EXIT_TIMEOUT_S": "1e10"}, r"OTEL_TRAINING_EXIT_TIMEOUT_S.*'1e10'.*604800"),
         ({}, {"OTEL_TRAINING_TRACE_MAX_AGE_S": "99999999999"}, r"OTEL_TRAINING_TRACE_MAX_AGE_S.*604800"),
+        ({}, {"OTEL_TRAINING_STUCK_SPAN_NAMES": "training.step,ckpt.*=1e10"},
+         r"OTEL_TRAINING_STUCK_SPAN_NAMES.*threshold 1e\+10 of 'ckpt.\*'.*604800"),
         ({"trace_max_spans": 2**31}, {}, r"trace_max_spans.*2147483648.*2147483647"),
         ({}, {"OTEL_TRAINING_DLROVER_LOG_QUEUE_SIZE": str(10**30)}, r"DLROVER_LOG_QUEUE_SIZE.*2147483647"),
         # Variable names are case-sensitive: a mixed-case one would be silently ignored.

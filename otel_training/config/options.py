@@ -153,7 +153,10 @@ def _parse_span_rules(value: Any) -> tuple[str, ...]:
     names = _parse_str_list(value)
     from otel_training.processors.stuck import parse_span_names  # the one grammar of "name=seconds"
 
-    parse_span_names(names)  # raises ValueError naming the bad item
+    rules = parse_span_names(names)  # raises ValueError naming the bad item
+    for name, seconds in rules.items():
+        if seconds is not None and seconds > MAX_SECONDS:
+            raise ValueError(f"threshold {seconds:g} of {name!r} must be <= {MAX_SECONDS} seconds (a week)")
     return names
 
 
