@@ -392,7 +392,7 @@ def configure(*, reconfigure: bool = False, config_file: str | None = None, **op
         except Exception as error:
             if options or config_file is not None or _current is not None:
                 raise
-            _current = _stand_in(error)
+            _current = contained()(_stand_in)(error)  # None if even that fails: the error still goes up
             logger.error("otel_training: configuration failed, so this process records no telemetry "
                          "(fix it and restart): %s", error)
             raise
