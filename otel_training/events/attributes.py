@@ -175,6 +175,9 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
     out: dict[str, Any] = {}
     if content is None:
         return out
+    if not hasattr(content, "items"):
+        _not_a_mapping(content)
+        return out
     try:
         for key, value in content.items():
             if len(out) >= MAX_KEYS:
@@ -205,8 +208,16 @@ def readable(content: Any) -> Mapping[Any, Any] | None:
     """
     if content is None or type(content) is dict:
         return content
+    if not hasattr(content, "items"):
+        _not_a_mapping(content)
+        return None
     try:
         return dict(itertools.islice(content.items(), MAX_KEYS + 1))
     except Exception:  # noqa: BLE001
         log_once("readable-content", "otel_training: event content is not a readable mapping; it is dropped")
         return None
+
+
+def _not_a_mapping(content: Any) -> None:
+    log_once("content-type", "otel_training: event content must be a mapping, not %s; it is dropped",
+             type(content).__name__, exc_info=False)
