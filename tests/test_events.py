@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Mapping
 
 import pytest
 from otlp_json import read_spans
@@ -328,3 +329,136 @@ def test_a_raising_span_processor_never_breaks_the_loop(configure) -> None:
     assert completed == 20 and broken.calls >= 20
     result = telemetry.shutdown(timeout_s=2)  # a raising processor does not stall shutdown either
     assert result.elapsed_s < 2.5
+
+
+class _ArrayLike:
+    """Looks like a numpy array: its truth value is ambiguous, so ``bool()`` raises."""
+
+    dtype = "float32"
+    shape = (3,)
+    size = 3
+
+    def __bool__(self) -> bool:
+        raise ValueError("The truth value of an array with more than one element is ambiguous")
+
+    def __len__(self) -> int:
+        return 3
+
+    def item(self) -> float:
+        raise ValueError("can only convert an array of size 1 to a Python scalar")
+
+
+class _UnsizedMapping(Mapping):
+    """A Mapping that can be read but whose ``__len__`` (hence ``bool()``) raises."""
+
+    def __init__(self, data: dict) -> None:
+        self._data = data
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        raise RuntimeError("no length")
+
+
+class _BrokenMapping(_UnsizedMapping):
+    def __iter__(self):
+        raise RuntimeError("no iteration")
+
+    def items(self):
+        raise RuntimeError("no items")
+
+
+class _FalsyRaising(dict):
+    def __bool__(self) -> bool:
+        raise RuntimeError("no truth value")
+
+
+def test_content_that_raises_never_reaches_the_caller(configure) -> None:
+    from otel_training.events.duration import Duration
+
+    telemetry = configure(exporter="file")
+    process = otel_training.Process("Odd")
+    contents = [_ArrayLike(), _UnsizedMapping({"a": 1}), _BrokenMapping({}), _FalsyRaising(a=1)]
+    for content in contents:
+        process.instant("#odd", content)
+        with process.duration("odd.duration", content):
+            pass
+        process.custom_duration(Duration, "odd.custom", content).begin().end()
+        with process.duration("odd.array_value", {"values": _ArrayLike()}):
+            pass
+    process.info(_Unprintable())
+    process.error(_Unprintable(), detail=_ArrayLike())
+    spans = _spans(telemetry)
+    assert Counter(span["name"] for span in spans) == {"odd.duration": 4, "odd.custom": 4, "odd.array_value": 4,
+                                                       "training.process": 1}
+    readable = [span for span in spans if span["name"] == "odd.duration"][1::2]  # the two readable mappings
+    assert [span["attributes"].get("training.content.a") for span in readable] == [1, 1]
+    (process_span,) = [span for span in spans if span["name"] == "training.process"]
+    assert len(process_span["events"]) == 6  # every instant, info and error recorded
+
+
+def test_a_huge_instant_is_bounded_and_logged_once(configure, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from otel_training.events.attributes import MAX_KEYS
+
+    telemetry = configure(exporter="file")
+    trainer = otel_training.TrainerProcess()
+    read = []
+
+    class Counting(dict):
+        def items(self):
+            for item in super().items():
+                read.append(item)
+                yield item
+
+    huge = Counting((f"k{index}", index) for index in range(200_000))
+    with caplog.at_level(logging.WARNING):
+        with trainer.step(global_step=1):
+            trainer.instant("#huge", huge)
+            trainer.instant("#huge", huge)
+    assert len(read) <= 2 * (MAX_KEYS + 1)  # the rest is never even looked at
+    (step,) = [span for span in _spans(telemetry) if span["name"] == "training.step"]
+    assert all(len(event["attributes"]) <= 128 for event in step["events"])  # under the SDK's limit: no drops
+    assert len(step["events"]) == 2 and len(step["events"][0]["attributes"]) >= MAX_KEYS
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert len(warnings) <= 1 and all(f"more than {MAX_KEYS} keys" in message for message in warnings), warnings[:3]
+
+
+class _FakeUint64:
+    dtype = "uint64"
+    size = 1
+
+    def item(self) -> int:
+        return 2**64 - 1
+
+
+def test_big_integers_and_lone_surrogates_are_kept_as_text(configure, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    telemetry = configure(exporter="file")
+    trainer = otel_training.TrainerProcess()
+    with caplog.at_level(logging.WARNING):
+        with trainer.step(global_step=1, huge=2**64, negative=-(2**63) - 1, uint64=_FakeUint64(),
+                          mixed=[1, 2**64], where="/data/caf\udce9", int64=2**63 - 1) as step:
+            step.extra_args(**{"k\udce9y": "value"})
+            trainer.instant("#caf\udce9", {"name": "x\ud800y"})
+            trainer.info("message \udce9")
+        telemetry.force_flush(timeout_s=5)
+    (span,) = [span for span in _spans(telemetry) if span["name"] == "training.step"]
+    attributes = span["attributes"]
+    assert attributes["training.content.huge"] == str(2**64)
+    assert attributes["training.content.negative"] == str(-(2**63) - 1)
+    assert attributes["training.content.uint64"] == str(2**64 - 1)
+    assert attributes["training.content.mixed"] == ["1", str(2**64)]
+    assert attributes["training.content.int64"] == 2**63 - 1
+    assert attributes["training.content.where"] == "/data/caf\\udce9"
+    assert attributes["training.content.k\\udce9y"] == "value"
+    instant, info = span["events"]
+    assert instant["name"] == "#caf\\udce9" and instant["attributes"]["training.content.name"] == "x\\ud800y"
+    assert info["attributes"][sc.LOG_MESSAGE] == "message \\udce9"
+    assert not [record for record in caplog.records if "encode" in record.getMessage()]

@@ -114,6 +114,28 @@ def test_run_rejects_a_bad_option_before_starting_the_program(tmp_path: Path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5000"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "training.rank=abc"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "bogus"),
+        ("OTEL_TRAINING_OUTPUT_DIR", "{blocker}/traces"),
+    ],
+)
+def test_run_refuses_what_would_leave_the_program_uninstrumented(tmp_path: Path, variable: str, value: str):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    value = value.format(blocker=blocker)
+    marker = tmp_path / "ran"
+    env = {key: item for key, item in os.environ.items() if not key.startswith("OTEL_")}
+    result = _run([OTEL_TRAINING, "run", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                  env={**env, variable: value})
+    assert result.returncode == 2, result.stderr
+    assert "configuration error" in result.stderr and variable in result.stderr
+    assert not marker.exists()
+
+
 def test_child_processes_of_the_trainer_are_not_instrumented(tmp_path: Path):
     child = "import otel_training, sys; sys.exit(0 if otel_training.get_telemetry() is None else 3)"
     parent = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"

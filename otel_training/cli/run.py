@@ -43,6 +43,7 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     """The child's environment; raises ConfigError for an unknown option or a bad value."""
     from otel_training.config import otel_env
     from otel_training.config.options import ENV_PREFIX, ConfigError, resolve
+    from otel_training.config.telemetry import check_output_dir, default_exporter
     from otel_training.integrations.auto import ENV_JOB_ID, ENV_OWNER
 
     env = dict(environ)
@@ -58,8 +59,11 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     for name, value in settings:
         if value is not None:
             env[ENV_PREFIX + name.upper()] = value
-    resolve({}, env)  # fail here, before the job starts, not in every worker
+    # Fail here, before the job starts: a worker that cannot configure runs uninstrumented.
+    options = resolve({}, env)
     otel_env.validate(env)
+    if (options["exporter"] or default_exporter(env)) == "file":
+        check_output_dir(options["output_dir"])
     path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *path])
     env.pop(ENV_OWNER, None)  # a new process tree

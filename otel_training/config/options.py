@@ -15,12 +15,28 @@ import difflib
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "OTEL_TRAINING_"
 ENV_CONFIG_FILE = "OTEL_TRAINING_CONFIG"
+
+
+#: The longest duration any setting takes, ours or a standard ``OTEL_*`` one: longer
+#: than any sensible bound on a flush, a step or a trace, and far inside what a
+#: timed wait accepts (past ~292 years it raises ``OverflowError``, at exit or in
+#: an exporter thread, hours after the typo).
+MAX_SECONDS = 7 * 24 * 3600
+#: The largest size or count (queue, batch, spans per trace): a 32-bit int, as the
+#: other OpenTelemetry SDKs take; beyond it a queue is unbounded in all but name.
+MAX_SIZE = 2**31 - 1
+#: The largest identity number (rank, world size...): OTLP's integers are int64,
+#: and a bigger one vanishes from every export.
+MAX_INT64 = 2**63 - 1
+#: A config file holds a few dozen options; anything bigger is the wrong file.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -45,21 +61,28 @@ def _parse_int(value: Any) -> int:
     if isinstance(value, int):
         return value
     if isinstance(value, str):
-        return int(value.strip())
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ValueError("expected an integer") from None
     raise ValueError("expected an integer")
 
 
 def _parse_seconds(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a number of seconds, got a boolean")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = float(value.strip())
-    else:
-        raise ValueError("expected a number of seconds")
-    if math.isnan(seconds) or seconds < 0 or math.isinf(seconds):
-        raise ValueError("expected a finite number of seconds >= 0")
+    expected = f"expected a number of seconds >= 0 and <= {MAX_SECONDS} (a week)"
+    try:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        elif isinstance(value, str):
+            seconds = float(value.strip())
+        else:
+            raise ValueError("expected a number of seconds")
+    except OverflowError:  # an int beyond any float, e.g. 10**400
+        raise ValueError(expected) from None
+    if math.isnan(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError(expected)
     return seconds
 
 
@@ -67,6 +90,13 @@ def _parse_str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
     return value
+
+
+def _parse_path(value: Any) -> str:
+    path = _parse_str(value)
+    if "\0" in path:  # the OS refuses it, with an error naming nothing
+        raise ValueError("a path cannot contain a NUL character")
+    return path
 
 
 def _parse_str_list(value: Any) -> tuple[str, ...]:
@@ -99,21 +129,21 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return parse_choice
 
 
-def _non_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+def _non_negative(parse: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
     def parse_non_negative(value: Any) -> int:
         number = parse(value)
-        if number < 0:
-            raise ValueError("expected a value >= 0")
+        if not 0 <= number <= maximum:
+            raise ValueError(f"expected an integer in 0..{maximum}")
         return number
 
     return parse_non_negative
 
 
-def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+def _positive(parse: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
     def parse_positive(value: Any) -> int:
         number = parse(value)
-        if number <= 0:
-            raise ValueError("expected a value > 0")
+        if not 0 < number <= maximum:
+            raise ValueError(f"expected an integer in 1..{maximum}")
         return number
 
     return parse_positive
@@ -123,7 +153,10 @@ def _parse_span_rules(value: Any) -> tuple[str, ...]:
     names = _parse_str_list(value)
     from otel_training.processors.stuck import parse_span_names  # the one grammar of "name=seconds"
 
-    parse_span_names(names)  # raises ValueError naming the bad item
+    rules = parse_span_names(names)  # raises ValueError naming the bad item
+    for name, seconds in rules.items():
+        if seconds is not None and seconds > MAX_SECONDS:
+            raise ValueError(f"threshold {seconds:g} of {name!r} must be <= {MAX_SECONDS} seconds (a week)")
     return names
 
 
@@ -167,7 +200,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("exporter", _optional(_choice("otlp", "file", "console", "none")), None,
            'Span exporter: "otlp", "file", "console" or "none". Default: "otlp" when '
            "OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, else \"file\"."),
-    Option("output_dir", _parse_str, "./otel-traces",
+    Option("output_dir", _parse_path, "./otel-traces",
            "Directory of the file exporter: traces-r<rank>.jsonl and metrics-r<rank>.jsonl (OTLP JSON Lines)."),
     Option("service_name", _optional(_parse_str), None,
            'service.name when OTEL_SERVICE_NAME is not set. Default "training".'),
@@ -178,17 +211,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
     Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),
     Option("run_id", _optional(_parse_str), None, "training.run.id, one launch attempt (default: derived)."),
-    Option("rank", _optional(_non_negative(_parse_int)), None, "training.rank (default: RANK / SLURM_PROCID)."),
-    Option("local_rank", _optional(_non_negative(_parse_int)), None, "training.local_rank."),
-    Option("world_size", _optional(_positive(_parse_int)), None, "training.world_size."),
-    Option("node_rank", _optional(_non_negative(_parse_int)), None, "training.node.rank."),
-    Option("restart_count", _optional(_non_negative(_parse_int)), None, "training.restart.count."),
+    Option("rank", _optional(_non_negative(_parse_int, MAX_INT64)), None,
+           "training.rank (default: RANK / SLURM_PROCID)."),
+    Option("local_rank", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.local_rank."),
+    Option("world_size", _optional(_positive(_parse_int, MAX_INT64)), None, "training.world_size."),
+    Option("node_rank", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.node.rank."),
+    Option("restart_count", _optional(_non_negative(_parse_int, MAX_INT64)), None, "training.restart.count."),
     # Continual training lineage, stamped on every span.
     Option("pipeline_id", _optional(_parse_str), None, "training.pipeline.id on every span."),
     Option("trigger_id", _optional(_parse_str), None, "training.trigger.id on every span."),
     Option("trigger_training_id", _optional(_parse_str), None, "training.trigger.training_id on every span."),
     # Trace layout.
-    Option("trace_max_spans", _positive(_parse_int), 10_000,
+    Option("trace_max_spans", _positive(_parse_int, MAX_SIZE), 10_000,
            "Spans per trace before a long-lived span (train, epoch) continues in a new, linked trace."),
     Option("trace_max_age_s", _parse_seconds, 3600.0,
            "Age of a trace before a long-lived span continues in a new, linked trace."),
@@ -200,10 +234,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("exit_timeout_s", _parse_seconds, 2.0,
            "Bound on the flush at process exit, on a fatal signal or an uncaught exception."),
     # DLRover-compatible event log.
-    Option("dlrover_log", _optional(_parse_str), None,
+    Option("dlrover_log", _optional(_parse_path), None,
            "Write a DLRover-format event log to this file (BEGIN at span start, END at span end)."),
     Option("dlrover_log_format", _choice("text", "json"), "text", 'DLRover log line format: "text" or "json".'),
-    Option("dlrover_log_queue_size", _positive(_parse_int), 8192,
+    Option("dlrover_log_queue_size", _positive(_parse_int, MAX_SIZE), 8192,
            "Bound of the DLRover log writer queue; lines past it are dropped and counted."),
     # Stuck-step detection (see docs/stuck-detection.md).
     Option("stuck_threshold_s", _optional(_parse_seconds), None,
@@ -237,13 +271,50 @@ def _unknown(name: str, where: str) -> ConfigError:
     return ConfigError(f"unknown option {name!r} in {where}{hint}")
 
 
+def _check_variable_name(key: str) -> None:
+    """Our variables are upper case; any other spelling would be silently ignored, so it is an error."""
+    upper = key.upper()
+    # OTEL_TRAINING__* (double underscore) is reserved for the library's own
+    # plumbing between processes (launcher, watchdog) and is not an option.
+    if not upper.startswith(ENV_PREFIX) or upper.startswith(ENV_PREFIX + "_"):
+        return
+    name = key[len(ENV_PREFIX):].lower()
+    if upper != ENV_CONFIG_FILE and name not in OPTIONS_BY_NAME:
+        raise _unknown(name, f"environment variable {key}")
+    if key != upper:
+        raise ConfigError(f"environment variable {key}: variable names are upper case, and this one would be "
+                          f"ignored; did you mean {upper}?")
+
+
+def _read_config_bytes(path: str) -> bytes:
+    """The file's bytes, refusing what is no config file rather than blocking configure() on it.
+
+    Opening a FIFO waits for a writer and reading a device or a mistaken
+    checkpoint path may not end: only a regular file of a sane size is read.
+    """
+    # O_NONBLOCK: a FIFO would block the open itself; a regular file ignores the flag.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: not a regular file")
+    with open(descriptor, "rb") as file:
+        raw = file.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: larger than 1 MiB, which no config file is")
+    return raw
+
+
 def _load_file(path: str) -> dict[str, Any]:
     """Read the config file; any problem is a ConfigError naming the file."""
     file = Path(path)
     try:
-        raw = file.read_bytes()
+        raw = _read_config_bytes(path)
     except OSError as error:
         raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error.strerror or error}") from None
+    except ValueError as error:  # an embedded NUL
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error}") from None
     try:
         if file.suffix.lower() == ".toml":
             try:
@@ -281,11 +352,7 @@ def resolve(
             if name not in OPTIONS_BY_NAME:
                 raise _unknown(name, f"config file {path!r}")
     for key in environ:
-        # OTEL_TRAINING__* (double underscore) is reserved for the library's own
-        # plumbing between processes (launcher, watchdog) and is not an option.
-        if key.startswith(ENV_PREFIX) and key != ENV_CONFIG_FILE and not key.startswith(ENV_PREFIX + "_"):
-            if key[len(ENV_PREFIX):].lower() not in OPTIONS_BY_NAME:
-                raise _unknown(key[len(ENV_PREFIX):].lower(), f"environment variable {key}")
+        _check_variable_name(key)
 
     resolved: dict[str, Any] = {}
     for option in OPTIONS:

@@ -19,15 +19,29 @@ from urllib.parse import unquote
 from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
+from otel_training.config.options import MAX_INT64, OPTIONS_BY_NAME, ConfigError
+from otel_training.events.attributes import text
 
 DEFAULT_SERVICE_NAME = "training"
+
+#: The integer identity attributes, and the option whose range each one shares.
+INT_ATTRIBUTES: dict[str, str] = {
+    sc.TRAINING_RANK: "rank",
+    sc.TRAINING_LOCAL_RANK: "local_rank",
+    sc.TRAINING_WORLD_SIZE: "world_size",
+    sc.TRAINING_NODE_RANK: "node_rank",
+    sc.TRAINING_RESTART_COUNT: "restart_count",
+}
 
 
 def _int(environ: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name)
         if value is not None and value.strip().lstrip("-").isdigit():
-            return int(value)
+            number = int(value)
+            if not -MAX_INT64 - 1 <= number <= MAX_INT64:  # it would vanish from every export
+                raise ConfigError(f"environment variable {name}={value!r}: expected an integer within int64")
+            return number
     return None
 
 
@@ -39,13 +53,30 @@ def _str(environ: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-def _from_otel_variables(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` as the spec defines them."""
+def from_otel_variables(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` as the spec defines them.
+
+    The spec's values are strings, but ``training.rank`` and the other identity
+    numbers are integers everywhere else (file names, reports, joins), so they
+    are converted, and a value that is no such integer raises ``ConfigError``.
+    """
     attributes: dict[str, Any] = {}
-    for pair in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+    raw = environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    for pair in raw.split(","):
         key, sep, value = pair.partition("=")
         if sep and key.strip():
-            attributes[unquote(key.strip())] = unquote(value.strip())
+            key, value = unquote(key.strip()), unquote(value.strip())
+            option = INT_ATTRIBUTES.get(key)
+            if option is not None:
+                try:
+                    number = OPTIONS_BY_NAME[option].parse(value)
+                    if number is None:
+                        raise ValueError("expected an integer")
+                except ValueError as error:
+                    raise ConfigError(f"environment variable OTEL_RESOURCE_ATTRIBUTES={raw!r}: "
+                                      f"{key}={value!r}: {error}") from None
+                value = number
+            attributes[key] = value
     if environ.get("OTEL_SERVICE_NAME"):
         attributes[sc.SERVICE_NAME] = environ["OTEL_SERVICE_NAME"]
     return attributes
@@ -105,7 +136,11 @@ def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None
     # Precedence: detection < OTEL_RESOURCE_ATTRIBUTES < explicit options; and for
     # service.name: default < service_name option < OTEL_SERVICE_NAME.
     # (Resource.create alone would let detection override the variables.)
-    from_env = Resource(_from_otel_variables(environ))
+    from_env = Resource(from_otel_variables(environ))
     explicit_attributes = {key: value for key, value in explicit.items() if value is not None}
     explicit_attributes[sc.TRAINING_ROLE] = attributes[sc.TRAINING_ROLE]
-    return Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))
+    resource = Resource.create(attributes).merge(from_env).merge(Resource(explicit_attributes))
+    # The environment decodes bytes that are not UTF-8 as lone surrogates, which
+    # every export would drop (with a traceback): escape them once, here.
+    return Resource({text(key): text(value) if isinstance(value, str) else value
+                     for key, value in resource.attributes.items()}, resource.schema_url)

@@ -23,17 +23,18 @@ from typing import Any
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import MeterProvider, TraceBasedExemplarFilter
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Tracer
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.config import otel_env
-from otel_training.config.options import ConfigError, resolve
+from otel_training.config.options import OPTIONS, ConfigError, resolve
 from otel_training.config.resource import build_resource
 from otel_training.exporters.factory import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
@@ -98,7 +99,7 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     return done.wait(max(0.0, timeout_s))
 
 
-def _check_output_dir(output_dir: str) -> None:
+def check_output_dir(output_dir: str) -> None:
     """Fail before training, not at the first export, when the trace directory is unusable."""
     path = Path(output_dir)
     try:
@@ -111,6 +112,16 @@ def _check_output_dir(output_dir: str) -> None:
                           "is not writable")
 
 
+#: The SDK's defaults, given explicitly to a stand-in for a failed configuration.
+_TRACING_DEFAULTS: dict[str, Any] = {
+    "sampler": DEFAULT_ON,
+    "span_limits": SpanLimits(max_attributes=128, max_events=128, max_links=128, max_span_attributes=128,
+                              max_event_attributes=128, max_link_attributes=128,
+                              max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET),
+}
+_METRICS_DEFAULTS: dict[str, Any] = {"exemplar_filter": TraceBasedExemplarFilter()}
+
+
 def default_exporter(environ: Mapping[str, str]) -> str:
     """``otlp`` when a collector endpoint is configured, else the embedded ``file``."""
     if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
@@ -121,14 +132,18 @@ def default_exporter(environ: Mapping[str, str]) -> str:
 class Telemetry:
     """The handle ``configure()`` returns: providers, tracer, meter, and bounded flush/shutdown."""
 
-    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
+                 config_error: Exception | None = None) -> None:
         environ = os.environ if environ is None else environ
         self.options: dict[str, Any] = dict(options)
         self.exporter_name: str = self.options["exporter"] or default_exporter(environ)
         self.options["exporter"] = self.exporter_name
         self.resource: Resource = build_resource(self.options, environ)
         self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]
-        self.disabled: bool = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+        #: Why this process records nothing: its configuration failed (see ``configure``).
+        self.config_error: Exception | None = config_error
+        self.disabled: bool = (config_error is not None
+                               or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true")
         self.trace_path: Path | None = None
         self.metrics_path: Path | None = None
         self._shutdown_result: FlushResult | None = None
@@ -136,7 +151,10 @@ class Telemetry:
         self._on_shutdown: list[Callable[[], None]] = []
         self._metric_exporter: MetricExporter | None = None
 
-        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        # A stand-in for a failed configuration reads none of the environment that failed
+        # (the SDK reads sampler, span limits and exemplar filter from it, and may raise).
+        sdk_tracing, sdk_metrics = ({}, {}) if config_error is None else (_TRACING_DEFAULTS, _METRICS_DEFAULTS)
+        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, **sdk_tracing)
         self.lineage = LineageSpanProcessor(
             {
                 key: value
@@ -163,7 +181,8 @@ class Telemetry:
             self._metric_exporter = self._make_metric_exporter(environ)
             if self._metric_exporter is not None:
                 readers.append(PeriodicExportingMetricReader(self._metric_exporter))
-        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, shutdown_on_exit=False)
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, shutdown_on_exit=False,
+                                            **sdk_metrics)
 
         self.tracer: Tracer = self.tracer_provider.get_tracer(
             sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
@@ -182,7 +201,7 @@ class Telemetry:
     # -- construction -------------------------------------------------------
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
         if self.exporter_name == "file":
-            _check_output_dir(self.options["output_dir"])
+            check_output_dir(self.options["output_dir"])
             self.trace_path = trace_file(self.options["output_dir"], self.rank)
         return span_exporter(self.exporter_name, environ, self.trace_path)
 
@@ -360,38 +379,64 @@ def configure(*, reconfigure: bool = False, config_file: str | None = None, **op
     builds a new one. It never installs two global providers.
 
     Raises ``ConfigError`` (a ``ValueError``) naming the option, variable or
-    file and the bad value.
+    file and the bad value. When configuring from the environment alone fails
+    (no options, as the events API does on first use and auto-instrumentation
+    at start), the error is also logged once and a disabled stand-in becomes
+    the handle: events cost little and nothing retries configuring on every
+    step. A later ``configure()`` that succeeds replaces it.
     """
     global _current
     with _configure_lock:
-        resolved = resolve(options, os.environ, config_file)
-        otel_env.validate(os.environ)
-        if _current is not None and not _current.is_shut_down:
-            if not reconfigure:
-                same = all(_current.options.get(key) == value for key, value in resolved.items() if key in options)
-                if options and not same:
-                    raise ConfigError(
-                        "configure() was already called with other options; "
-                        "pass reconfigure=True to replace the pipeline"
-                    )
-                return _current
-            _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
-        telemetry = Telemetry(resolved)
         try:
-            _install_plugins(telemetry)
-        except BaseException:
-            # Never publish a half-built pipeline: the next configure() starts afresh.
-            telemetry.shutdown(timeout_s=1.0)
+            return _configure(reconfigure, config_file, options)
+        except Exception as error:
+            if options or config_file is not None or _current is not None:
+                raise
+            _current = contained()(_stand_in)(error)  # None if even that fails: the error still goes up
+            logger.error("otel_training: configuration failed, so this process records no telemetry "
+                         "(fix it and restart): %s", error)
             raise
-        first = _current is None
-        _current = telemetry
-        if resolved["set_global"] and first:
-            _set_global(telemetry)
-        from otel_training.events import hooks
 
-        hooks.install(telemetry)
-        return telemetry
 
+def _configure(reconfigure: bool, config_file: str | None, options: dict[str, Any]) -> Telemetry:
+    global _current
+    resolved = resolve(options, os.environ, config_file)
+    otel_env.validate(os.environ)
+    standing_in = _current is not None and _current.config_error is not None
+    if _current is not None and not _current.is_shut_down and not standing_in:
+        if not reconfigure:
+            same = all(_current.options.get(key) == value for key, value in resolved.items() if key in options)
+            if options and not same:
+                raise ConfigError(
+                    "configure() was already called with other options; "
+                    "pass reconfigure=True to replace the pipeline"
+                )
+            return _current
+        _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
+    telemetry = Telemetry(resolved)
+    try:
+        _install_plugins(telemetry)
+    except BaseException:
+        # Never publish a half-built pipeline: the next configure() starts afresh.
+        telemetry.shutdown(timeout_s=1.0)
+        raise
+    first = _current is None or standing_in  # a stand-in never became the global provider
+    if standing_in:
+        _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]
+    _current = telemetry
+    if resolved["set_global"] and first:
+        _set_global(telemetry)
+    from otel_training.events import hooks
+
+    hooks.install(telemetry)
+    return telemetry
+
+
+def _stand_in(error: Exception) -> Telemetry:
+    """A handle that records nothing and reads nothing of the environment that failed."""
+    options = {option.name: option.default for option in OPTIONS}
+    options.update(exporter="none", metrics=False, goodput=False)
+    return Telemetry(options, {}, config_error=error)
 
 
 def _set_global(telemetry: Telemetry) -> None:

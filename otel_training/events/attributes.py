@@ -6,18 +6,30 @@ accepts scalars and homogeneous lists only, so everything else is flattened
 (dicts, with dots), converted (numpy/CPU tensor scalars) or stringified and
 truncated. This never raises, and never touches the value of an accelerator
 tensor, which would force a device synchronisation on the training thread.
+
+What the exporters cannot encode is converted here, once, rather than lost at
+every export with a traceback: an integer beyond int64 becomes its decimal
+text, and a lone surrogate (a path decoded with ``surrogateescape``) its
+``\\udcXX`` escape.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 from otel_training import semconv as sc
+from otel_training._contain import log_once
 
 MAX_STRING = 1024
 MAX_LIST = 128
 MAX_DEPTH = 4
+#: Attributes from one content: under the SDK's default limit of 128 per span or
+#: event, with room for the ones we add, as the SDK logs a warning per attribute
+#: past its limit (and going through 200,000 keys costs seconds on the training thread).
+MAX_KEYS = 100
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 _SCALARS = (bool, int, float, str)
 
@@ -55,16 +67,35 @@ CONTENT_PREFIX = "training.content."
 METRIC_PREFIX = "training.metric."
 
 
+def _encodable(text: str) -> str:
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _int(value: int) -> int | str:
+    return value if _INT64_MIN <= value <= _INT64_MAX else str(int(value))
+
+
 def _truncate(text: str) -> str:
+    text = _encodable(text)
     return text if len(text) <= MAX_STRING else text[: MAX_STRING - 3] + "..."
 
 
 def _describe(value: Any) -> str:
+    return _truncate(text(value))
+
+
+def text(value: Any) -> str:
+    """``str(value)`` as text the exporters can encode; never raises (for messages and names)."""
     try:
-        text = str(value)
+        return _encodable(value if type(value) is str else str(value))
     except Exception:  # noqa: BLE001
-        text = f"<{type(value).__name__}>"
-    return _truncate(text)
+        return f"<{type(value).__name__}>"
 
 
 def _array_scalar(value: Any) -> Any:
@@ -82,16 +113,20 @@ def _array_scalar(value: Any) -> Any:
     if size == 1:
         scalar = value.item()
         if isinstance(scalar, _SCALARS):
-            return scalar
+            return _value(scalar)  # a uint64 may be beyond int64
     return _describe(value)
 
 
 def _value(value: Any) -> Any:
     """One attribute value, or None when it cannot be represented at all."""
     if type(value) in _SCALARS:
-        return _truncate(value) if type(value) is str else value
+        if type(value) is str:
+            return _truncate(value)
+        return _int(value) if type(value) is int else value
     if isinstance(value, _SCALARS):  # subclasses: IntEnum, str enums, numpy.bool_ is not one
-        return _truncate(str(value)) if isinstance(value, str) else value
+        if isinstance(value, str):
+            return _truncate(str(value))
+        return _int(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if isinstance(value, (list, tuple)):
         items = [_value(item) for item in list(value)[:MAX_LIST]]
         kinds = {type(item) for item in items}
@@ -109,7 +144,9 @@ def _value(value: Any) -> Any:
 
 def _flatten(prefix: str, content: Mapping[Any, Any], out: dict[str, Any], depth: int) -> None:
     for key, value in content.items():
-        name = f"{prefix}{key}"
+        if len(out) >= MAX_KEYS:
+            return
+        name = f"{prefix}{text(key)}"
         if isinstance(value, Mapping):
             if depth >= MAX_DEPTH:
                 out[name] = _describe(value)
@@ -130,15 +167,28 @@ def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:
 
 
 def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTENT_PREFIX) -> dict[str, Any]:
-    """Span attributes for ``content``; never raises."""
-    if not content:
-        return {}
+    """Span attributes for ``content``, at most ``MAX_KEYS``; never raises.
+
+    Nothing asks ``content`` for its truth value or length: an array refuses
+    one, and a user's Mapping may raise on it while its items read fine.
+    """
     out: dict[str, Any] = {}
+    if content is None:
+        return out
+    if not hasattr(content, "items"):
+        _not_a_mapping(content)
+        return out
     try:
         for key, value in content.items():
-            name = key_for(str(key), unnamed_prefix)
-            if type(value) in _SCALARS and type(value) is not str:
+            if len(out) >= MAX_KEYS:
+                log_once("to_attributes:keys", "otel_training: event content with more than %d keys; "
+                         "the rest are dropped", MAX_KEYS, exc_info=False)
+                break
+            name = key_for(_encodable(key) if type(key) is str else text(key), unnamed_prefix)
+            if type(value) is float or type(value) is bool:
                 out[name] = value  # the common case, kept cheap
+            elif type(value) is int:
+                out[name] = value if _INT64_MIN <= value <= _INT64_MAX else str(value)
             elif isinstance(value, Mapping):
                 _flatten(name + ".", value, out, 1)
             else:
@@ -146,7 +196,28 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 if converted is not None:
                     out[name] = converted
     except Exception:  # noqa: BLE001 - a user's odd object must not reach training code
-        from otel_training._contain import log_once
-
         log_once("to_attributes", "otel_training: could not convert event content; part of it is dropped")
     return out
+
+
+def readable(content: Any) -> Mapping[Any, Any] | None:
+    """``content`` as a plain dict of at most ``MAX_KEYS + 1`` items, or None when it cannot be read.
+
+    For code that tests content for truth (``Duration``): an array, or a Mapping
+    whose ``__bool__``/``__len__`` raises, would raise into the caller there.
+    """
+    if content is None or type(content) is dict:
+        return content
+    if not hasattr(content, "items"):
+        _not_a_mapping(content)
+        return None
+    try:
+        return dict(itertools.islice(content.items(), MAX_KEYS + 1))
+    except Exception:  # noqa: BLE001
+        log_once("readable-content", "otel_training: event content is not a readable mapping; it is dropped")
+        return None
+
+
+def _not_a_mapping(content: Any) -> None:
+    log_once("content-type", "otel_training: event content must be a mapping, not %s; it is dropped",
+             type(content).__name__, exc_info=False)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.events.attributes import to_attributes
+from otel_training.events.attributes import readable, text, to_attributes
 from otel_training.events.duration import Duration
 from otel_training.events.runtime import current_recording_span, runtime
 
@@ -25,14 +25,15 @@ class Process:
     """Emits the events of one target (``TrainerProcess``, an agent, your component)."""
 
     def __init__(self, target: str) -> None:
-        self.target = target
+        # Spans and events carry it: a lone surrogate would lose them at export.
+        self.target = text(target) if isinstance(target, str) else target
 
     @contained(default=None)
     def _event(self, event_name: str, name: str, attributes: dict[str, Any]) -> None:
         attributes[sc.EVENT_TARGET] = self.target
-        attributes[sc.EVENT_NAME] = name
+        attributes[sc.EVENT_NAME] = text(name)
         span = current_recording_span() or runtime().process_span(self.target)
-        span.add_event(event_name, attributes)
+        span.add_event(text(event_name), attributes)
 
     def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:
         """A point-in-time event named ``name``."""
@@ -40,27 +41,29 @@ class Process:
 
     def duration(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
         """A Duration whose span is named ``name``; begin it with ``with`` or ``begin()``."""
-        return Duration(self, name, content)
+        return Duration(self, name, readable(content))
 
     def custom_duration(self, duration_class: type[D], name: str, content: Mapping[str, Any] | None = None) -> D:
         """A Duration of your subclass (to add methods for the stages of your event)."""
-        return duration_class(self, name, content)
+        return duration_class(self, name, readable(content))
 
     def info(self, msg: str, **content: Any) -> None:
         """A log-like event with a message, on the current span."""
         attributes = to_attributes(content)
-        attributes[sc.LOG_MESSAGE] = str(msg)
+        attributes[sc.LOG_MESSAGE] = text(msg)
         self._event(sc.EVENT_LOG_INFO, "#info", attributes)
 
     def error(self, msg: str, **content: Any) -> None:
         """An error event with a message; does not change the span's status."""
         attributes = to_attributes(content)
-        attributes[sc.LOG_MESSAGE] = str(msg)
+        attributes[sc.LOG_MESSAGE] = text(msg)
         self._event(sc.EVENT_LOG_ERROR, "#error", attributes)
 
     def _span(self, span_name: str, event_name: str, attributes: dict[str, Any] | None,
               content: Mapping[str, Any] | None) -> Duration:
-        return Duration(self, span_name, content, event_name=event_name, attributes=attributes)
+        # ``attributes`` hold what the caller was given too (a checkpoint path): converted alike.
+        return Duration(self, span_name, readable(content), event_name=event_name,
+                        attributes=to_attributes(attributes) if attributes else None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.target!r})"
