@@ -8,6 +8,8 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from opentelemetry.sdk.trace import TracerProvider
 
 import otel_training
@@ -67,3 +69,22 @@ def test_a_blocked_writer_drops_and_counts_instead_of_blocking(tmp_path: Path) -
     reader = threading.Thread(target=lambda: fifo.open().read(), daemon=True)
     reader.start()  # unblock the writer so it can finish
     processor.shutdown()
+
+
+def test_a_symlink_at_the_log_is_refused_and_its_lines_counted_as_dropped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    log = tmp_path / "events.log"
+    log.symlink_to(victim)
+    processor = DLRoverLogProcessor(log)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("test").start_as_current_span("training.step"):
+        pass
+    assert processor.force_flush(5000)
+    assert (processor.written, processor.dropped) == (0, 2)  # BEGIN and END
+    processor.shutdown()
+    assert victim.read_text() == "secret\n"
+    assert log.is_symlink()
+    assert "symbolic link" in caplog.text

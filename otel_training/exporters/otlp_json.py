@@ -10,7 +10,8 @@ JSON mapping, whose base64 ids are re-encoded as hex.
 Each batch is one ``write()`` of one whole line to a file opened with
 ``O_APPEND``, so a restarted rank appending to the same file cannot interleave
 with, or corrupt, the lines of its previous life; a line left cut short by a
-crash is closed with a newline before anything is appended after it.
+crash is closed with a newline before anything is appended after it. The file
+is created owner-only and never through a symlink (see ``otel_training._files``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_training._contain import log_once
+from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
 
 _ID_KEYS = frozenset(("traceId", "spanId", "parentSpanId"))
 
@@ -65,23 +67,33 @@ def to_otlp_json(message: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
+def _log_write_failure(path: Path, what: str, error: Exception) -> None:
+    if isinstance(error, SymlinkRefused):
+        log_once(f"file-export:{path}", "otel_training: not writing %s to %s: it is a symbolic link, which is "
+                 "not followed (remove it); they are counted as dropped", what, path, exc_info=False)
+    else:
+        log_once(f"file-export:{path}", "otel_training: cannot write %s to %s", what, path)
+
+
 class JsonLinesFile:
     """An append-only file of whole lines, safe across restarts of the writer."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
         self.path = Path(path)
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
         self._fd: int | None = None
         self._lock = threading.Lock()
 
     def _open(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        size = os.fstat(fd).st_size
-        if size:
-            with open(self.path, "rb") as existing:
-                existing.seek(size - 1)
-                if existing.read(1) != b"\n":
-                    os.write(fd, b"\n")  # isolate a line a crash left unfinished
+        fd = open_for_append(self.path, self.file_mode, self.dir_mode, readable=True)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                os.write(fd, b"\n")  # isolate a line a crash left unfinished
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def append(self, line: str) -> None:
@@ -104,8 +116,8 @@ class JsonLinesFile:
 class OtlpJsonFileSpanExporter(SpanExporter):
     """Writes each batch of spans as one OTLP JSON line."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._file = JsonLinesFile(path)
+    def __init__(self, path: str | os.PathLike[str], *, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
+        self._file = JsonLinesFile(path, file_mode=file_mode, dir_mode=dir_mode)
 
     @property
     def path(self) -> Path:
@@ -114,8 +126,8 @@ class OtlpJsonFileSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             self._file.append(to_otlp_json(encode_spans(spans)))
-        except Exception:  # noqa: BLE001
-            log_once(f"file-export:{self._file.path}", "otel_training: cannot write spans to %s", self._file.path)
+        except Exception as error:  # noqa: BLE001
+            _log_write_failure(self._file.path, "spans", error)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
@@ -129,9 +141,9 @@ class OtlpJsonFileSpanExporter(SpanExporter):
 class OtlpJsonFileMetricExporter(MetricExporter):
     """Writes each metrics collection as one OTLP JSON line."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
         super().__init__(preferred_temporality={}, preferred_aggregation={})
-        self._file = JsonLinesFile(path)
+        self._file = JsonLinesFile(path, file_mode=file_mode, dir_mode=dir_mode)
 
     @property
     def path(self) -> Path:
@@ -141,8 +153,8 @@ class OtlpJsonFileMetricExporter(MetricExporter):
         try:
             if metrics_data.resource_metrics:
                 self._file.append(to_otlp_json(encode_metrics(metrics_data)))
-        except Exception:  # noqa: BLE001
-            log_once(f"file-export:{self._file.path}", "otel_training: cannot write metrics to %s", self._file.path)
+        except Exception as error:  # noqa: BLE001
+            _log_write_failure(self._file.path, "metrics", error)
             return MetricExportResult.FAILURE
         return MetricExportResult.SUCCESS
 

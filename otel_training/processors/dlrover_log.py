@@ -7,10 +7,12 @@ written when the span holding them ends, with their own timestamps. Lines:
     [event_time] [event_id] [target] [name] [BEGIN|END|INSTANT] {json content}
 
 or, with ``json_lines=True``, one JSON object per line with those fields.
+The log is created owner-only and never through a symlink (see
+``otel_training._files``).
 
 Formatting and writing happen on a background thread behind a bounded queue:
 the training thread only enqueues, never blocks, and lines past the bound are
-dropped and counted (``dropped``).
+dropped and counted (``dropped``), as are lines that cannot be written.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import weakref
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -30,6 +32,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
 
 _SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
 _STOP = object()
@@ -48,9 +51,12 @@ def _content(attributes: Any) -> dict[str, Any]:
 
 
 class DLRoverLogProcessor(SpanProcessor):
-    def __init__(self, path: str | os.PathLike[str], *, json_lines: bool = False, max_queue_size: int = 8192) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, json_lines: bool = False, max_queue_size: int = 8192,
+                 file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
         self.path = Path(path)
         self.json_lines = json_lines
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
         self.dropped = 0
         self.written = 0
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
@@ -108,10 +114,16 @@ class DLRoverLogProcessor(SpanProcessor):
                                "event_type": kind, "content": content}, default=str)
         return f"[{_time(time_ns)}] [{event_id}] [{target}] [{name}] [{kind}] {json.dumps(content, default=str)}"
 
+    def _open(self) -> TextIO:
+        fd = open_for_append(self.path, self.file_mode, self.dir_mode)
+        return os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
+
     def _run(self) -> None:
         handle = None
         while True:
             item = self._queue.get()
+            lines: list[str] = []
+            done = 0
             try:
                 if item is _STOP:
                     return
@@ -120,15 +132,22 @@ class DLRoverLogProcessor(SpanProcessor):
                         handle.flush()
                     item.set()
                     continue
+                lines = self._lines(item)
                 if handle is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    handle = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
-                for line in self._lines(item):
+                    handle = self._open()
+                for line in lines:
                     handle.write(line + "\n")
+                    done += 1
                     self.written += 1
                 if self._queue.empty():
                     handle.flush()
+            except SymlinkRefused:
+                self.dropped += len(lines)
+                log_once(f"dlrover-log:{self.path}", "otel_training: not writing the DLRover log %s: it is a "
+                         "symbolic link, which is not followed (remove it); lines are counted as dropped",
+                         self.path, exc_info=False)
             except Exception:  # noqa: BLE001
+                self.dropped += len(lines) - done
                 log_once(f"dlrover-log:{self.path}", "otel_training: cannot write the DLRover log %s", self.path)
             finally:
                 if item is _STOP and handle is not None:

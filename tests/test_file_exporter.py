@@ -1,0 +1,119 @@
+"""The embedded file sink on a shared node: planted symlinks, file modes."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_json import read_spans
+
+import otel_training
+from otel_training.exporters.otlp_json import OtlpJsonFileSpanExporter
+from otel_training.report.reader import read_file
+
+
+def _spans(count: int, prefix: str) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("test")
+    for index in range(count):
+        with tracer.start_as_current_span(f"{prefix}-{index}", attributes={"padding": "x" * 200}):
+            pass
+    return list(memory.get_finished_spans())
+
+
+def test_a_symlink_at_the_trace_file_is_refused_not_followed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    link = tmp_path / "traces" / "traces-r0.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    dangling = tmp_path / "traces" / "traces-r1.jsonl"
+    dangling.symlink_to(tmp_path / "created-by-the-link")
+
+    for path in (link, dangling):
+        exporter = OtlpJsonFileSpanExporter(path)
+        assert exporter.export(_spans(2, "step")) is SpanExportResult.FAILURE
+        exporter.shutdown()
+    assert victim.read_text() == "secret\n"
+    assert not (tmp_path / "created-by-the-link").exists()
+    assert link.is_symlink() and dangling.is_symlink()
+    assert "is a symbolic link" in caplog.text
+
+
+def test_a_planted_symlink_counts_the_spans_as_dropped(configure, tmp_path: Path) -> None:
+    output_dir = tmp_path / "traces"
+    output_dir.mkdir()
+    (output_dir / "traces-r0.jsonl").symlink_to(tmp_path / "elsewhere")
+    telemetry = configure(exporter="file", output_dir=str(output_dir), metrics=False)
+    with otel_training.TrainerProcess().step(global_step=1):
+        pass
+    result = telemetry.force_flush(5)
+    assert (result.exported, result.dropped) == (0, 1)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.fixture
+def usual_umask() -> Iterator[None]:
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_files_and_the_directory_are_owner_only(configure, tmp_path: Path, usual_umask: None) -> None:
+    output_dir = tmp_path / "traces"
+    log = tmp_path / "dlrover" / "events.log"
+    telemetry = configure(exporter="file", output_dir=str(output_dir), dlrover_log=str(log))
+    with otel_training.TrainerProcess().step(global_step=1):
+        pass
+    telemetry.shutdown(timeout_s=5)
+    assert _mode(output_dir) == 0o700
+    assert _mode(output_dir / "traces-r0.jsonl") == 0o600
+    assert _mode(output_dir / "metrics-r0.jsonl") == 0o600
+    assert _mode(log.parent) == 0o700
+    assert _mode(log) == 0o600
+
+
+def test_an_existing_file_keeps_the_mode_it_was_given(tmp_path: Path, usual_umask: None) -> None:
+    """Widening on purpose (docs/security.md): create the file, or the directory, first."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o750)
+    path = shared / "traces-r0.jsonl"
+    path.touch(mode=0o640)
+    exporter = OtlpJsonFileSpanExporter(path)
+    assert exporter.export(_spans(1, "step")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert (_mode(shared), _mode(path)) == (0o750, 0o640)
+
+
+def test_a_wider_mode_can_be_asked_for_when_building_the_exporter(tmp_path: Path, usual_umask: None) -> None:
+    path = tmp_path / "group" / "traces-r0.jsonl"
+    exporter = OtlpJsonFileSpanExporter(path, file_mode=0o640, dir_mode=0o750)
+    assert exporter.export(_spans(1, "step")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert (_mode(path.parent), _mode(path)) == (0o750, 0o640)
+
+
+def test_logging_is_quiet_about_a_healthy_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="otel_training")
+    exporter = OtlpJsonFileSpanExporter(tmp_path / "traces-r0.jsonl")
+    for _ in range(3):
+        assert exporter.export(_spans(2, "step")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert caplog.text == ""
