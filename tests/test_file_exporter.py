@@ -1,4 +1,4 @@
-"""The embedded file sink on a shared node: planted symlinks, file modes."""
+"""The embedded file sink under a hostile filesystem: disk full, a deleted directory, planted symlinks, modes."""
 
 from __future__ import annotations
 
@@ -30,6 +30,88 @@ def _spans(count: int, prefix: str) -> list[ReadableSpan]:
         with tracer.start_as_current_span(f"{prefix}-{index}", attributes={"padding": "x" * 200}):
             pass
     return list(memory.get_finished_spans())
+
+
+class FullDisk:
+    """``os.write`` for one file as on a filesystem with ``free`` bytes left (None: unlimited).
+
+    The kernel's behaviour: a write larger than the space left writes what fits
+    and returns that count; the next write fails with ENOSPC.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.free: int | None = None
+        self._write = os.write
+
+    def write(self, fd: int, data: bytes) -> int:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if self.free is None or target != self.path:
+            return self._write(fd, data)
+        if self.free == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written = self._write(fd, bytes(data[: self.free]))
+        self.free -= written
+        return written
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FullDisk]:
+    disk = FullDisk(tmp_path / "traces" / "traces-r0.jsonl")
+    monkeypatch.setattr(os, "write", disk.write)
+    yield disk
+
+
+def test_a_batch_after_disk_full_starts_on_its_own_line(tmp_path: Path, full_disk: FullDisk) -> None:
+    path = tmp_path / "traces" / "traces-r0.jsonl"
+    exporter = OtlpJsonFileSpanExporter(path)
+    assert exporter.export(_spans(3, "before")) is SpanExportResult.SUCCESS
+    full_disk.free = 100  # the next batch is cut after 100 bytes, then ENOSPC
+    assert exporter.export(_spans(3, "cut")) is SpanExportResult.FAILURE
+    full_disk.free = 0  # still full: even the newline closing the cut line fails
+    assert exporter.export(_spans(3, "refused")) is SpanExportResult.FAILURE
+    full_disk.free = None  # space freed
+    assert exporter.export(_spans(3, "after")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+    records, problems = read_file(path)
+    assert sorted(record.name for record in records) == [f"{prefix}-{index}" for prefix in ("after", "before")
+                                                         for index in range(3)]
+    assert [(problem.line, problem.message.split(" (")[0]) for problem in problems] == [(2, "truncated JSON line")]
+
+
+def test_a_deleted_output_directory_is_recreated_and_later_spans_land_in_it(
+        configure, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    output_dir = tmp_path / "traces"
+    telemetry = configure(exporter="file", output_dir=str(output_dir), metrics=False)
+    trainer = otel_training.TrainerProcess()
+    for step in range(5):
+        with trainer.step(global_step=step):
+            pass
+    assert telemetry.force_flush(5).exported == 5
+    shutil.rmtree(output_dir)
+    for step in range(5, 12):
+        with trainer.step(global_step=step):
+            pass
+    result = telemetry.force_flush(5)
+    assert (result.exported, result.dropped) == (12, 0)
+    spans = read_spans(output_dir / "traces-r0.jsonl")
+    assert sorted(span["attributes"]["training.step"] for span in spans) == list(range(5, 12))
+    assert "was deleted or replaced" in caplog.text and "1 batch(es) of 5 record(s)" in caplog.text
+
+
+def test_a_file_renamed_away_is_replaced_by_a_new_one_at_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "traces-r0.jsonl"
+    exporter = OtlpJsonFileSpanExporter(path)
+    assert exporter.export(_spans(2, "old")) is SpanExportResult.SUCCESS
+    path.rename(tmp_path / "traces-r0.jsonl.1")  # logrotate
+    assert exporter.export(_spans(2, "new")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert sorted(span["name"] for span in read_spans(path)) == ["new-0", "new-1"]
+    assert sorted(span["name"] for span in read_spans(tmp_path / "traces-r0.jsonl.1")) == ["old-0", "old-1"]
 
 
 def test_a_symlink_at_the_trace_file_is_refused_not_followed(
