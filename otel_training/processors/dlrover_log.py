@@ -7,7 +7,11 @@ written when the span holding them ends, with their own timestamps. Lines:
     [event_time] [event_id] [target] [name] [BEGIN|END|INSTANT] {json content}
 
 or, with ``json_lines=True``, one JSON object per line with those fields.
-The log is created owner-only and never through a symlink (see
+Targets and names come from user code, so in the text format backslashes,
+brackets and control characters in them are escaped (``\\n``, ``\\x5d``): a
+name can neither end its line and forge the next one (a fake ``[END]``) nor
+shift the bracketed fields a parser splits on. The JSON format is escaped by
+JSON itself. The log is created owner-only and never through a symlink (see
 ``otel_training._files``).
 
 Formatting and writing happen on a background thread behind a bounded queue:
@@ -36,10 +40,23 @@ from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_a
 
 _SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
 _STOP = object()
+#: What a target or name may not hold verbatim in a text line: C0 and C1 controls,
+#: DEL, the Unicode line separators, and the backslash and brackets of the format.
+_TEXT_ESCAPES = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))},
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+    0x2028: "\\u2028", 0x2029: "\\u2029",
+    ord("\\"): "\\\\", ord("["): "\\x5b", ord("]"): "\\x5d",
+}
 
 
 def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(timespec="milliseconds")
+
+
+def _field(value: Any) -> str:
+    """A target or name as a bracketed field of a text line: one line, no brackets of its own."""
+    return str(value).translate(_TEXT_ESCAPES)
 
 
 def _content(attributes: Any) -> dict[str, Any]:
@@ -112,7 +129,8 @@ class DLRoverLogProcessor(SpanProcessor):
         if self.json_lines:
             return json.dumps({"event_time": _time(time_ns), "event_id": event_id, "target": target, "name": name,
                                "event_type": kind, "content": content}, default=str)
-        return f"[{_time(time_ns)}] [{event_id}] [{target}] [{name}] [{kind}] {json.dumps(content, default=str)}"
+        return (f"[{_time(time_ns)}] [{event_id}] [{_field(target)}] [{_field(name)}] [{kind}] "
+                f"{json.dumps(content, default=str)}")
 
     def _open(self) -> TextIO:
         fd = open_for_append(self.path, self.file_mode, self.dir_mode)
