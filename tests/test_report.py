@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from otel_training import semconv as sc
-from otel_training.report import build_report, read_paths, render_summary, write_chrome_trace
+from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
+from otel_training.report import reader
 from otel_training.report.jaeger import fetch
 
 import goodput_traces as crafted
@@ -203,3 +204,62 @@ def test_demo_ends_with_the_report_summary_and_html_path(tmp_path: Path) -> None
     html = tmp_path / "traces" / "otel-training-report.html"
     assert f"html report: {html}" in out
     assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def _damaged_line(name: str, start_ns: int, end_ns: int, *, span_id: str = "00000000000000d1",
+                  resource: list[dict[str, Any]] | None = None) -> str:
+    """An OTLP request of one span, with whatever timestamps and resource it is given."""
+    return json.dumps({"resourceSpans": [{
+        "resource": {"attributes": resource if resource is not None else crafted._attributes(crafted._resource(0, 0))},
+        "scopeSpans": [{"spans": [{"traceId": "d" * 32, "spanId": span_id, "name": name,
+                                   "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns)}]}],
+    }]})
+
+
+def test_large_inputs_are_read_without_tqdm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary needs the core alone: no progress bar rather than no report."""
+    crafted.write_otlp(tmp_path / "traces")
+    monkeypatch.setattr(reader, "PROGRESS_MIN_BYTES", 1)  # every input is "large"
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed
+    for progress in (None, True):
+        result = read_paths([tmp_path / "traces"], progress=progress)
+        assert len(result.records) == len(crafted.SPANS) and result.problems == []
+
+
+def test_hostile_lines_are_problems_and_never_kill_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 100_000)
+    infinite_rank = crafted._attributes(crafted._resource(0, 0))
+    infinite_rank[1] = {"key": sc.TRAINING_RANK, "value": {"doubleValue": "Infinity"}}
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join([
+        "[" * 200_000,
+        '{"resourceSpans":' + "[" * 3000 + "]" * 3000 + "}",
+        _damaged_line(sc.SPAN_STEP, crafted.T0, crafted.T0 + 10**9, resource=infinite_rank),
+        _damaged_line(sc.SPAN_ALERT, 10**23, 10**23),
+        '{"resourceSpans": [], "padding": "' + "x" * 300_000 + '"}',
+        _damaged_line("good", crafted.T0, crafted.T0 + 10**9),
+    ]) + "\n")
+    result = read_paths([path])
+    assert [record.name for record in result.records] == ["good"]
+    assert [problem.line for problem in result.problems] == [1, 2, 3, 4, 5]
+    assert "longer than" in str(result.problems[4])
+    report = build_report(result.records, result.problems)
+    assert f"{path}:4: " in render_summary(report)
+    assert render_html(report, result.records).startswith("<!DOCTYPE html>")
+
+
+def test_impossible_spans_are_problems_not_figures(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        _damaged_line(sc.SPAN_STEP, crafted.T0 + 10 * 10**9, crafted.T0, span_id="00000000000000e1"),
+        _damaged_line(sc.SPAN_STEP, -crafted.T0, crafted.T0, span_id="00000000000000e2"),
+        _damaged_line(sc.SPAN_STEP, crafted.T0, 2**64 + 5, span_id="00000000000000e3"),
+    ]) + "\n")
+    result = read_paths([tmp_path / "traces", bad])
+    assert len(result.records) == len(crafted.SPANS)
+    messages = [str(problem) for problem in result.problems]
+    assert any(message.startswith(f"{bad}:1: ") and "ends before it starts" in message for message in messages)
+    assert any(message.startswith(f"{bad}:2: ") and "timestamp" in message for message in messages)
+    assert any(message.startswith(f"{bad}:3: ") and "timestamp" in message for message in messages)
+    _check_crafted(build_report(result.records, result.problems))

@@ -4,6 +4,12 @@ Post-mortem input is often damaged: the last line cut short by a crash, a
 metrics file next to the traces, a directory that holds nothing. Each problem
 becomes a message naming the file and line, and everything readable is still
 used, because a partial report beats none when a job has just died.
+
+Input may also be hostile or absurd, and the report must survive it with
+bounded memory: a line that cannot be converted for any reason (nesting past
+the recursion limit, an infinite rank) is a problem of its line; a line longer
+than ``MAX_LINE_BYTES`` is skipped unread; spans with impossible timestamps are
+problems, not figures.
 """
 
 from __future__ import annotations
@@ -12,17 +18,24 @@ import dataclasses
 import gc
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
 
 #: Problems reported per file before the rest are only counted.
 MAX_PROBLEMS_PER_FILE = 5
-#: Inputs larger than this (bytes) get a progress bar (when stderr is a terminal).
+#: Inputs larger than this (bytes) get a progress bar (when stderr is a terminal and tqdm is installed).
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024
+#: Lines longer than this (bytes) are skipped unread: parsing costs a few times a line's size in memory.
+#: The file exporter writes one batch of spans per line, a few MB at most.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+#: Timestamps outside [2000-01-01, 2262-04-11] (the signed 64-bit nanosecond range)
+#: are a clock not set, a corrupt value or a forgery; their spans are problems.
+MIN_TIME_NS = 946_684_800 * 10**9
+MAX_TIME_NS = 2**63 - 1
 _STATUS_ERROR = 2
 _THREAD_ID = "thread.id"
 
@@ -119,6 +132,33 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
     return records
 
 
+def _impossible(record: SpanRecord) -> str | None:
+    """Why the span cannot be real, or None."""
+    if not (MIN_TIME_NS <= record.start_ns <= MAX_TIME_NS and MIN_TIME_NS <= record.end_ns <= MAX_TIME_NS):
+        return "has a timestamp before 2000 or after 2262 (negative, unset or corrupt)"
+    if record.end_ns < record.start_ns:
+        return "ends before it starts"
+    return None
+
+
+def _impossible_problem(impossible: list[tuple[SpanRecord, str]]) -> str:
+    record, why = impossible[0]
+    more = f" (and {len(impossible) - 1} more impossible span(s) on this line)" if len(impossible) > 1 else ""
+    return f"span {record.name!r} {why}{more}; skipped"
+
+
+def _lines(handle: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
+    """Each line and its size; a line longer than ``MAX_LINE_BYTES`` comes as None, skipped without holding it."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+            size += len(rest)
+        yield None, size + len(rest)
+
+
 def _line_problem(line: bytes, error: Exception) -> str:
     if isinstance(error, json.JSONDecodeError):
         # JSON that ends before its document does was cut short (a crash mid-write).
@@ -156,9 +196,12 @@ def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[
     except OSError as error:
         return [], [Problem(str(path), None, f"cannot open: {error.strerror or error}")]
     with handle:
-        for number, line in enumerate(handle, start=1):
+        for number, (line, size) in enumerate(_lines(handle), start=1):
             if progress is not None:
-                progress.update(len(line))
+                progress.update(size)
+            if line is None:
+                problem(number, f"line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} read; skipped")
+                continue
             if not line.strip():
                 continue
             try:
@@ -166,24 +209,37 @@ def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[
                 if not isinstance(request, dict) or "resourceSpans" not in request:
                     problem(number, _kind_problem(request))
                     continue
-                records.extend(records_from_request(request))
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                line_records = records_from_request(request)
+            except Exception as error:  # noqa: BLE001 - whatever a line holds, it costs that line only
                 problem(number, _line_problem(line, error))
+                continue
+            impossible = [(record, why) for record in line_records if (why := _impossible(record))]
+            if impossible:
+                problem(number, _impossible_problem(impossible))
+                line_records = [record for record in line_records if not _impossible(record)]
+            records.extend(line_records)
     if hidden:
         problems.append(Problem(str(path), None, f"{hidden} more unreadable line(s) not listed"))
     return records, problems
+
+
+def _progress_bar(total: int, progress: bool | None) -> Any:
+    """A tqdm bar, or None: tqdm is the report extra's, and reading needs the core alone."""
+    if not (progress or (progress is None and total >= PROGRESS_MIN_BYTES)):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
+                disable=None if progress is None else False)
 
 
 def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:
     """Every span under ``paths``; ``progress`` None shows a bar for large inputs on a terminal."""
     files, problems = find_trace_files(paths)
     total = sum(path.stat().st_size for path in files)
-    bar = None
-    if progress or (progress is None and total >= PROGRESS_MIN_BYTES):
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
-                   disable=None if progress is None else False)
+    bar = _progress_bar(total, progress)
     records: list[SpanRecord] = []
     # Millions of new dicts would trigger full garbage collections over and over
     # (reading turns quadratic); records hold no reference cycles.
