@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from otel_training import semconv as sc
-from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
+from otel_training.report import Problem, build_report, read_paths, render_html, render_summary, write_chrome_trace
 from otel_training.report import reader
 from otel_training.report.jaeger import fetch
 
@@ -248,6 +249,17 @@ def test_hostile_lines_are_problems_and_never_kill_the_report(tmp_path: Path, mo
     assert render_html(report, result.records).startswith("<!DOCTYPE html>")
 
 
+def test_the_same_spans_passed_twice_are_counted_once(tmp_path: Path) -> None:
+    r0, _ = crafted.write_otlp(tmp_path / "traces")
+    copy = tmp_path / "copy-of-r0.jsonl"
+    copy.write_bytes(r0.read_bytes())
+    result = read_paths([tmp_path / "traces", tmp_path / "traces", r0, copy])
+    assert len(result.records) == len(crafted.SPANS)
+    _check_crafted(build_report(result.records, result.problems))
+    messages = [str(problem) for problem in result.problems]
+    assert any(message.startswith(f"{copy}: ") and "already read" in message for message in messages), messages
+
+
 def test_impossible_spans_are_problems_not_figures(tmp_path: Path) -> None:
     crafted.write_otlp(tmp_path / "traces")
     bad = tmp_path / "bad.jsonl"
@@ -263,3 +275,17 @@ def test_impossible_spans_are_problems_not_figures(tmp_path: Path) -> None:
     assert any(message.startswith(f"{bad}:2: ") and "timestamp" in message for message in messages)
     assert any(message.startswith(f"{bad}:3: ") and "timestamp" in message for message in messages)
     _check_crafted(build_report(result.records, result.problems))
+
+
+def test_escape_sequences_in_trace_content_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    hostile = "\x1b]0;owned\x07\x1b[2J\u202e"
+    records = crafted.records()
+    run = dataclasses.replace(records[0].run, job_id="job" + hostile)
+    records = [dataclasses.replace(record, run=run) for record in records]
+    records.append(dataclasses.replace(records[0], name=sc.SPAN_ALERT, span_id="00000000000000f1", attributes={
+        sc.ALERT_KIND: "stuck" + hostile, sc.ALERT_SPAN_NAME: "step" + hostile,
+        sc.ALERT_STACKS: "Thread 1\n  File \"x.py\", line 1 in f" + hostile + "\rfake line"}))
+    problems = [Problem(str(tmp_path / ("name" + hostile)), 3, "not JSON" + hostile)]
+    summary = render_summary(build_report(records, problems))
+    assert not any(character in summary for character in "\x1b\x07\r\u202e")
+    assert "job\\x1b]0;owned\\x07" in summary

@@ -37,17 +37,12 @@ from opentelemetry.trace import StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
+from otel_training._text import CONTROL_ESCAPES, escape_controls
 
 _SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
 _STOP = object()
-#: What a target or name may not hold verbatim in a text line: C0 and C1 controls,
-#: DEL, the Unicode line separators, and the backslash and brackets of the format.
-_TEXT_ESCAPES = {
-    **{code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))},
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
-    0x2028: "\\u2028", 0x2029: "\\u2029",
-    ord("\\"): "\\\\", ord("["): "\\x5b", ord("]"): "\\x5d",
-}
+#: A target or name may not hold verbatim the controls, nor the backslash and brackets of the format.
+_TEXT_ESCAPES = {**CONTROL_ESCAPES, ord("\\"): "\\\\", ord("["): "\\x5b", ord("]"): "\\x5d"}
 
 
 def _time(ns: int) -> str:
@@ -56,7 +51,7 @@ def _time(ns: int) -> str:
 
 def _field(value: Any) -> str:
     """A target or name as a bracketed field of a text line: one line, no brackets of its own."""
-    return str(value).translate(_TEXT_ESCAPES)
+    return escape_controls(value, _TEXT_ESCAPES)
 
 
 def _content(attributes: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Input may also be hostile or absurd, and the report must survive it with
 bounded memory: a line that cannot be converted for any reason (nesting past
 the recursion limit, an infinite rank) is a problem of its line; a line longer
 than ``MAX_LINE_BYTES`` is skipped unread; spans with impossible timestamps are
-problems, not figures.
+problems, not figures; and a span read twice (the same file passed twice, a
+copy) counts once.
 """
 
 from __future__ import annotations
@@ -235,12 +236,30 @@ def _progress_bar(total: int, progress: bool | None) -> Any:
                 disable=None if progress is None else False)
 
 
+def _unique(records: list[SpanRecord], seen: set[str]) -> tuple[list[SpanRecord], int]:
+    """``records`` not seen before (by trace and span id), and how many were."""
+    unique = []
+    for record in records:
+        if record.span_id:
+            key = record.trace_id + record.span_id
+            if key in seen:
+                continue
+            seen.add(key)
+        unique.append(record)
+    return unique, len(records) - len(unique)
+
+
 def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:
     """Every span under ``paths``; ``progress`` None shows a bar for large inputs on a terminal."""
     files, problems = find_trace_files(paths)
+    unique: dict[Path, Path] = {}
+    for path in files:  # a file named twice (itself and its directory, ./a and a) is read once
+        unique.setdefault(path.resolve(), path)
+    files = list(unique.values())
     total = sum(path.stat().st_size for path in files)
     bar = _progress_bar(total, progress)
     records: list[SpanRecord] = []
+    seen: set[str] = set()
     # Millions of new dicts would trigger full garbage collections over and over
     # (reading turns quadratic); records hold no reference cycles.
     collecting = gc.isenabled()
@@ -248,8 +267,12 @@ def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None
     try:
         for path in files:
             file_records, file_problems = read_file(path, bar)
+            file_records, duplicates = _unique(file_records, seen)
             records.extend(file_records)
             problems.extend(file_problems)
+            if duplicates:
+                problems.append(Problem(str(path), None, f"{duplicates} span(s) already read (same trace and span "
+                                        "id: a file passed twice, or a copy); counted once"))
     finally:
         if collecting:
             gc.enable()
