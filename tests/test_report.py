@@ -228,7 +228,7 @@ def test_large_inputs_are_read_without_tqdm(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_hostile_lines_are_problems_and_never_kill_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 100_000)
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 250_000)
     infinite_rank = crafted._attributes(crafted._resource(0, 0))
     infinite_rank[1] = {"key": sc.TRAINING_RANK, "value": {"doubleValue": "Infinity"}}
     path = tmp_path / "hostile.jsonl"
@@ -243,6 +243,7 @@ def test_hostile_lines_are_problems_and_never_kill_the_report(tmp_path: Path, mo
     result = read_paths([path])
     assert [record.name for record in result.records] == ["good"]
     assert [problem.line for problem in result.problems] == [1, 2, 3, 4, 5]
+    assert "nested too deeply" in str(result.problems[0]) and "nested too deeply" in str(result.problems[1])
     assert "longer than" in str(result.problems[4])
     report = build_report(result.records, result.problems)
     assert f"{path}:4: " in render_summary(report)
@@ -275,6 +276,22 @@ def test_impossible_spans_are_problems_not_figures(tmp_path: Path) -> None:
     assert any(message.startswith(f"{bad}:2: ") and "timestamp" in message for message in messages)
     assert any(message.startswith(f"{bad}:3: ") and "timestamp" in message for message in messages)
     _check_crafted(build_report(result.records, result.problems))
+
+
+def test_an_alert_claiming_an_impossible_duration_is_a_problem(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.jsonl"
+    lines = []
+    for number, elapsed in enumerate(("Infinity", 1e308, "NaN", -5.0)):
+        request = json.loads(_damaged_line(sc.SPAN_ALERT, crafted.T0, crafted.T0, span_id=f"{number:016x}"))
+        request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = crafted._attributes(
+            {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_THRESHOLD_S: 3.0}) + [
+            {"key": sc.ALERT_ELAPSED_S, "value": {"doubleValue": elapsed}}]
+        lines.append(json.dumps(request))
+    path.write_text("\n".join(lines) + "\n")
+    result = read_paths([path])
+    assert [problem.line for problem in result.problems if problem.line] == [1, 2, 3, 4]
+    assert "training.alert.elapsed_s" in str(result.problems[0])
+    build_report(result.records, result.problems)
 
 
 def test_escape_sequences_in_trace_content_do_not_reach_the_terminal(tmp_path: Path) -> None:

@@ -37,6 +37,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 #: are a clock not set, a corrupt value or a forgery; their spans are problems.
 MIN_TIME_NS = 946_684_800 * 10**9
 MAX_TIME_NS = 2**63 - 1
+#: Alert attributes the analysis turns into nanoseconds.
+_ALERT_SECONDS = (sc.ALERT_ELAPSED_S, sc.ALERT_THRESHOLD_S)
 _STATUS_ERROR = 2
 _THREAD_ID = "thread.id"
 
@@ -104,6 +106,14 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
+def _string(span: dict[str, Any], key: str, default: str | None = "") -> str:
+    """A string field of a span; another type there is a malformed span (ids are compared and joined later)."""
+    value = span[key] if default is None else span.get(key, default)
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is {type(value).__name__}, not a string")
+    return value
+
+
 def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
     """The spans of one OTLP JSON ``ExportTraceServiceRequest``."""
     records = []
@@ -117,14 +127,14 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
                 span_attributes = attributes(span.get("attributes"))
                 thread = span_attributes.get(_THREAD_ID, 0)
                 records.append(SpanRecord(
-                    name=span["name"],
+                    name=_string(span, "name", None),
                     start_ns=int(span["startTimeUnixNano"]),
                     end_ns=int(span["endTimeUnixNano"]),
                     run=run,
                     attributes=span_attributes,
-                    trace_id=span.get("traceId", ""),
-                    span_id=span.get("spanId", ""),
-                    parent_id=span.get("parentSpanId", ""),
+                    trace_id=_string(span, "traceId"),
+                    span_id=_string(span, "spanId"),
+                    parent_id=_string(span, "parentSpanId"),
                     error=span.get("status", {}).get("code") == _STATUS_ERROR,
                     service=service,
                     role=role,
@@ -139,6 +149,11 @@ def _impossible(record: SpanRecord) -> str | None:
         return "has a timestamp before 2000 or after 2262 (negative, unset or corrupt)"
     if record.end_ns < record.start_ns:
         return "ends before it starts"
+    if record.name == sc.SPAN_ALERT:
+        for key in _ALERT_SECONDS:
+            value = record.attributes.get(key)
+            if isinstance(value, (int, float)) and not 0 <= value <= MAX_TIME_NS / 1e9:
+                return f"claims {key}={value!r}, not a duration in the 64-bit nanosecond range"
     return None
 
 
@@ -168,6 +183,8 @@ def _line_problem(line: bytes, error: Exception) -> str:
         return f"not JSON ({error.msg} at column {error.pos + 1}); skipped"
     if isinstance(error, UnicodeDecodeError):
         return "not text (invalid UTF-8); skipped"
+    if isinstance(error, RecursionError):
+        return "nested too deeply to read; skipped"
     return f"malformed OTLP span ({type(error).__name__}: {error}); skipped"
 
 
