@@ -106,12 +106,9 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
-def _string(span: dict[str, Any], key: str, default: str | None = "") -> str:
-    """A string field of a span; another type there is a malformed span (ids are compared and joined later)."""
-    value = span[key] if default is None else span.get(key, default)
-    if not isinstance(value, str):
-        raise TypeError(f"{key} is {type(value).__name__}, not a string")
-    return value
+def _not_strings(**fields: Any) -> TypeError:
+    wrong = ", ".join(f"{key} is {type(value).__name__}" for key, value in fields.items() if not isinstance(value, str))
+    return TypeError(f"{wrong}, not a string")
 
 
 def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
@@ -126,15 +123,21 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
             for span in scope_spans.get("spans", ()):
                 span_attributes = attributes(span.get("attributes"))
                 thread = span_attributes.get(_THREAD_ID, 0)
+                name, trace_id = span["name"], span.get("traceId", "")
+                span_id, parent_id = span.get("spanId", ""), span.get("parentSpanId", "")
+                # Ids are joined and compared later: another type is a malformed span, not a crash there.
+                if not (type(name) is str and type(trace_id) is str and type(span_id) is str
+                        and type(parent_id) is str):
+                    raise _not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
                 records.append(SpanRecord(
-                    name=_string(span, "name", None),
+                    name=name,
                     start_ns=int(span["startTimeUnixNano"]),
                     end_ns=int(span["endTimeUnixNano"]),
                     run=run,
                     attributes=span_attributes,
-                    trace_id=_string(span, "traceId"),
-                    span_id=_string(span, "spanId"),
-                    parent_id=_string(span, "parentSpanId"),
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    parent_id=parent_id,
                     error=span.get("status", {}).get("code") == _STATUS_ERROR,
                     service=service,
                     role=role,
