@@ -306,3 +306,13 @@ def test_escape_sequences_in_trace_content_do_not_reach_the_terminal(tmp_path: P
     summary = render_summary(build_report(records, problems))
     assert not any(character in summary for character in "\x1b\x07\r\u202e")
     assert "job\\x1b]0;owned\\x07" in summary
+
+
+def test_a_file_gone_between_listing_and_reading_is_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r0, r1 = crafted.write_otlp(tmp_path / "traces")
+    listed = reader.find_trace_files([tmp_path / "traces"])
+    r1.unlink()  # a rotation, a cleanup: after the listing, before the sizes
+    monkeypatch.setattr(reader, "find_trace_files", lambda paths: listed)
+    result = read_paths([tmp_path / "traces"])
+    assert any(str(problem).startswith(f"{r1}: cannot open") for problem in result.problems)
+    assert {record.run.rank for record in result.records} == {0}

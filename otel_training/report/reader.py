@@ -244,6 +244,13 @@ def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[
     return records, problems
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # gone since it was found: read_file says so
+
+
 def _progress_bar(total: int, progress: bool | None) -> Any:
     """A tqdm bar, or None: tqdm is the report extra's, and reading needs the core alone."""
     if not (progress or (progress is None and total >= PROGRESS_MIN_BYTES)):
@@ -276,8 +283,7 @@ def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None
     for path in files:  # a file named twice (itself and its directory, ./a and a) is read once
         unique.setdefault(path.resolve(), path)
     files = list(unique.values())
-    total = sum(path.stat().st_size for path in files)
-    bar = _progress_bar(total, progress)
+    bar = _progress_bar(sum(_size(path) for path in files), progress)
     records: list[SpanRecord] = []
     seen: set[str] = set()
     # Millions of new dicts would trigger full garbage collections over and over
