@@ -69,12 +69,19 @@ class DLRoverLogProcessor(SpanProcessor):
         self.json_lines = json_lines
         self.file_mode = file_mode
         self.dir_mode = dir_mode
-        self.dropped = 0
         self.written = 0
+        # Two counters, each with one writer thread, so that no increment is lost.
+        self._overflowed = 0  # training thread: queue full
+        self._unwritable = 0  # writer thread: could not be written
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
         self._stopped = False
         self._start_thread()
         _processors.add(self)
+
+    @property
+    def dropped(self) -> int:
+        """Lines lost: past the queue's bound, or not writable (a symlink refused, a full disk)."""
+        return self._overflowed + self._unwritable
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-training-dlrover-log", daemon=True)
@@ -89,7 +96,7 @@ class DLRoverLogProcessor(SpanProcessor):
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            self._overflowed += 1
 
     # -- training thread ----------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -155,12 +162,12 @@ class DLRoverLogProcessor(SpanProcessor):
                 if self._queue.empty():
                     handle.flush()
             except SymlinkRefused:
-                self.dropped += len(lines)
+                self._unwritable += len(lines)
                 log_once(f"dlrover-log:{self.path}", "otel_training: not writing the DLRover log %s: it is a "
                          "symbolic link, which is not followed (remove it); lines are counted as dropped",
                          self.path, exc_info=False)
             except Exception:  # noqa: BLE001
-                self.dropped += len(lines) - done
+                self._unwritable += len(lines) - done
                 log_once(f"dlrover-log:{self.path}", "otel_training: cannot write the DLRover log %s", self.path)
             finally:
                 if item is _STOP and handle is not None:
