@@ -114,6 +114,25 @@ def test_a_file_renamed_away_is_replaced_by_a_new_one_at_its_path(tmp_path: Path
     assert sorted(span["name"] for span in read_spans(tmp_path / "traces-r0.jsonl.1")) == ["old-0", "old-1"]
 
 
+def test_a_batch_written_while_the_file_is_deleted_is_written_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "traces-r0.jsonl"
+    exporter = OtlpJsonFileSpanExporter(path)
+    assert exporter.export(_spans(2, "old")) is SpanExportResult.SUCCESS
+    write = os.write
+
+    def delete_then_write(fd: int, data: bytes) -> int:
+        monkeypatch.setattr(os, "write", write)
+        path.unlink()  # between the check before the write and the write itself
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", delete_then_write)
+    assert exporter.export(_spans(2, "new")) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    assert sorted(span["name"] for span in read_spans(path)) == ["new-0", "new-1"]
+    assert exporter.lost_spans == 2
+
+
 def test_a_symlink_at_the_trace_file_is_refused_not_followed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     victim = tmp_path / "victim"
