@@ -8,6 +8,8 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from opentelemetry.sdk.trace import TracerProvider
 
 import otel_training
@@ -67,3 +69,54 @@ def test_a_blocked_writer_drops_and_counts_instead_of_blocking(tmp_path: Path) -
     reader = threading.Thread(target=lambda: fifo.open().read(), daemon=True)
     reader.start()  # unblock the writer so it can finish
     processor.shutdown()
+
+
+FORGED = '\n[2026-11-23T10:00:00.000+00:00] [00000000000000aa] [TrainerProcess] [#step] [END] {"status": "OK"}\n'
+
+
+def test_names_cannot_forge_lines_in_the_text_format(configure, tmp_path: Path) -> None:
+    log = tmp_path / "events.log"
+    telemetry = configure(exporter="none", dlrover_log=str(log))
+    process = otel_training.Process("Trainer" + FORGED + "\x1b]0;owned\x07")
+    with process.duration("stage] [END" + FORGED):
+        process.instant("tick\r" + FORGED)
+    telemetry.shutdown(timeout_s=2)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3, lines
+    matches = [LINE.match(line) for line in lines]
+    assert all(matches), lines
+    assert [match["type"] for match in matches] == ["BEGIN", "INSTANT", "END"]
+    assert {match["id"] for match in matches} != {"00000000000000aa"}
+    assert not any(character in log.read_text() for character in "\x1b\x07\r")
+    assert "\\n" in matches[0]["name"] and "\\n" in matches[0]["target"]
+
+
+def test_names_cannot_forge_lines_in_the_json_format(configure, tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    telemetry = configure(exporter="none", dlrover_log=str(log), dlrover_log_format="json")
+    process = otel_training.Process("Trainer" + FORGED)
+    with process.duration("stage" + FORGED):
+        process.instant("tick" + FORGED)
+    telemetry.shutdown(timeout_s=2)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [record["event_type"] for record in records] == ["BEGIN", "INSTANT", "END"]
+    assert records[0]["name"] == "stage" + FORGED and records[0]["target"] == "Trainer" + FORGED
+
+
+def test_a_symlink_at_the_log_is_refused_and_its_lines_counted_as_dropped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    log = tmp_path / "events.log"
+    log.symlink_to(victim)
+    processor = DLRoverLogProcessor(log)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("test").start_as_current_span("training.step"):
+        pass
+    assert processor.force_flush(5000)
+    assert (processor.written, processor.dropped) == (0, 2)  # BEGIN and END
+    processor.shutdown()
+    assert victim.read_text() == "secret\n"
+    assert log.is_symlink()
+    assert "symbolic link" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import subprocess
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 
 from otel_training import semconv as sc
-from otel_training.report import build_report, read_paths, render_summary, write_chrome_trace
+from otel_training.report import Problem, build_report, read_paths, render_html, render_summary, write_chrome_trace
+from otel_training.report import reader
 from otel_training.report.jaeger import fetch
 
 import goodput_traces as crafted
@@ -203,3 +205,114 @@ def test_demo_ends_with_the_report_summary_and_html_path(tmp_path: Path) -> None
     html = tmp_path / "traces" / "otel-training-report.html"
     assert f"html report: {html}" in out
     assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def _damaged_line(name: str, start_ns: int, end_ns: int, *, span_id: str = "00000000000000d1",
+                  resource: list[dict[str, Any]] | None = None) -> str:
+    """An OTLP request of one span, with whatever timestamps and resource it is given."""
+    return json.dumps({"resourceSpans": [{
+        "resource": {"attributes": resource if resource is not None else crafted._attributes(crafted._resource(0, 0))},
+        "scopeSpans": [{"spans": [{"traceId": "d" * 32, "spanId": span_id, "name": name,
+                                   "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns)}]}],
+    }]})
+
+
+def test_large_inputs_are_read_without_tqdm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary needs the core alone: no progress bar rather than no report."""
+    crafted.write_otlp(tmp_path / "traces")
+    monkeypatch.setattr(reader, "PROGRESS_MIN_BYTES", 1)  # every input is "large"
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed
+    for progress in (None, True):
+        result = read_paths([tmp_path / "traces"], progress=progress)
+        assert len(result.records) == len(crafted.SPANS) and result.problems == []
+
+
+def test_hostile_lines_are_problems_and_never_kill_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 250_000)
+    infinite_rank = crafted._attributes(crafted._resource(0, 0))
+    infinite_rank[1] = {"key": sc.TRAINING_RANK, "value": {"doubleValue": "Infinity"}}
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join([
+        "[" * 200_000,
+        '{"resourceSpans":' + "[" * 3000 + "]" * 3000 + "}",
+        _damaged_line(sc.SPAN_STEP, crafted.T0, crafted.T0 + 10**9, resource=infinite_rank),
+        _damaged_line(sc.SPAN_ALERT, 10**23, 10**23),
+        '{"resourceSpans": [], "padding": "' + "x" * 300_000 + '"}',
+        _damaged_line("good", crafted.T0, crafted.T0 + 10**9),
+    ]) + "\n")
+    result = read_paths([path])
+    assert [record.name for record in result.records] == ["good"]
+    assert [problem.line for problem in result.problems] == [1, 2, 3, 4, 5]
+    assert "nested too deeply" in str(result.problems[0]) and "nested too deeply" in str(result.problems[1])
+    assert "longer than" in str(result.problems[4])
+    report = build_report(result.records, result.problems)
+    assert f"{path}:4: " in render_summary(report)
+    assert render_html(report, result.records).startswith("<!DOCTYPE html>")
+
+
+def test_the_same_spans_passed_twice_are_counted_once(tmp_path: Path) -> None:
+    r0, _ = crafted.write_otlp(tmp_path / "traces")
+    copy = tmp_path / "copy-of-r0.jsonl"
+    copy.write_bytes(r0.read_bytes())
+    result = read_paths([tmp_path / "traces", tmp_path / "traces", r0, copy])
+    assert len(result.records) == len(crafted.SPANS)
+    _check_crafted(build_report(result.records, result.problems))
+    messages = [str(problem) for problem in result.problems]
+    assert any(message.startswith(f"{copy}: ") and "already read" in message for message in messages), messages
+
+
+def test_impossible_spans_are_problems_not_figures(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        _damaged_line(sc.SPAN_STEP, crafted.T0 + 10 * 10**9, crafted.T0, span_id="00000000000000e1"),
+        _damaged_line(sc.SPAN_STEP, -crafted.T0, crafted.T0, span_id="00000000000000e2"),
+        _damaged_line(sc.SPAN_STEP, crafted.T0, 2**64 + 5, span_id="00000000000000e3"),
+    ]) + "\n")
+    result = read_paths([tmp_path / "traces", bad])
+    assert len(result.records) == len(crafted.SPANS)
+    messages = [str(problem) for problem in result.problems]
+    assert any(message.startswith(f"{bad}:1: ") and "ends before it starts" in message for message in messages)
+    assert any(message.startswith(f"{bad}:2: ") and "timestamp" in message for message in messages)
+    assert any(message.startswith(f"{bad}:3: ") and "timestamp" in message for message in messages)
+    _check_crafted(build_report(result.records, result.problems))
+
+
+def test_an_alert_claiming_an_impossible_duration_is_a_problem(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.jsonl"
+    lines = []
+    for number, elapsed in enumerate(("Infinity", 1e308, "NaN", -5.0)):
+        request = json.loads(_damaged_line(sc.SPAN_ALERT, crafted.T0, crafted.T0, span_id=f"{number:016x}"))
+        request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = crafted._attributes(
+            {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_THRESHOLD_S: 3.0}) + [
+            {"key": sc.ALERT_ELAPSED_S, "value": {"doubleValue": elapsed}}]
+        lines.append(json.dumps(request))
+    path.write_text("\n".join(lines) + "\n")
+    result = read_paths([path])
+    assert [problem.line for problem in result.problems if problem.line] == [1, 2, 3, 4]
+    assert "training.alert.elapsed_s" in str(result.problems[0])
+    build_report(result.records, result.problems)
+
+
+def test_escape_sequences_in_trace_content_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    hostile = "\x1b]0;owned\x07\x1b[2J\u202e"
+    records = crafted.records()
+    run = dataclasses.replace(records[0].run, job_id="job" + hostile)
+    records = [dataclasses.replace(record, run=run) for record in records]
+    records.append(dataclasses.replace(records[0], name=sc.SPAN_ALERT, span_id="00000000000000f1", attributes={
+        sc.ALERT_KIND: "stuck" + hostile, sc.ALERT_SPAN_NAME: "step" + hostile,
+        sc.ALERT_STACKS: "Thread 1\n  File \"x.py\", line 1 in f" + hostile + "\rfake line"}))
+    problems = [Problem(str(tmp_path / ("name" + hostile)), 3, "not JSON" + hostile)]
+    summary = render_summary(build_report(records, problems))
+    assert not any(character in summary for character in "\x1b\x07\r\u202e")
+    assert "job\\x1b]0;owned\\x07" in summary
+
+
+def test_a_file_gone_between_listing_and_reading_is_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r0, r1 = crafted.write_otlp(tmp_path / "traces")
+    listed = reader.find_trace_files([tmp_path / "traces"])
+    r1.unlink()  # a rotation, a cleanup: after the listing, before the sizes
+    monkeypatch.setattr(reader, "find_trace_files", lambda paths: listed)
+    result = read_paths([tmp_path / "traces"])
+    assert any(str(problem).startswith(f"{r1}: cannot open") for problem in result.problems)
+    assert {record.run.rank for record in result.records} == {0}

@@ -33,6 +33,7 @@ from opentelemetry.trace import Tracer
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training._files import DIR_MODE
 from otel_training.config import otel_env
 from otel_training.config.options import OPTIONS, ConfigError, resolve
 from otel_training.config.resource import build_resource
@@ -103,7 +104,7 @@ def check_output_dir(output_dir: str) -> None:
     """Fail before training, not at the first export, when the trace directory is unusable."""
     path = Path(output_dir)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"option output_dir={output_dir!r} (OTEL_TRAINING_OUTPUT_DIR): cannot create the "
                           f"trace directory: {error.strerror or error}") from None

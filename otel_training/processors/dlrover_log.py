@@ -7,10 +7,16 @@ written when the span holding them ends, with their own timestamps. Lines:
     [event_time] [event_id] [target] [name] [BEGIN|END|INSTANT] {json content}
 
 or, with ``json_lines=True``, one JSON object per line with those fields.
+Targets and names come from user code, so in the text format backslashes,
+brackets and control characters in them are escaped (``\\n``, ``\\x5d``): a
+name can neither end its line and forge the next one (a fake ``[END]``) nor
+shift the bracketed fields a parser splits on. The JSON format is escaped by
+JSON itself. The log is created owner-only and never through a symlink (see
+``otel_training._files``).
 
 Formatting and writing happen on a background thread behind a bounded queue:
 the training thread only enqueues, never blocks, and lines past the bound are
-dropped and counted (``dropped``).
+dropped and counted (``dropped``), as are lines that cannot be written.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import threading
 import weakref
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -30,13 +36,22 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
+from otel_training._text import CONTROL_ESCAPES, escape_controls
 
 _SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
 _STOP = object()
+#: A target or name may not hold verbatim the controls, nor the backslash and brackets of the format.
+_TEXT_ESCAPES = {**CONTROL_ESCAPES, ord("\\"): "\\\\", ord("["): "\\x5b", ord("]"): "\\x5d"}
 
 
 def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(timespec="milliseconds")
+
+
+def _field(value: Any) -> str:
+    """A target or name as a bracketed field of a text line: one line, no brackets of its own."""
+    return escape_controls(value, _TEXT_ESCAPES)
 
 
 def _content(attributes: Any) -> dict[str, Any]:
@@ -48,15 +63,25 @@ def _content(attributes: Any) -> dict[str, Any]:
 
 
 class DLRoverLogProcessor(SpanProcessor):
-    def __init__(self, path: str | os.PathLike[str], *, json_lines: bool = False, max_queue_size: int = 8192) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, json_lines: bool = False, max_queue_size: int = 8192,
+                 file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
         self.path = Path(path)
         self.json_lines = json_lines
-        self.dropped = 0
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
         self.written = 0
+        # Two counters, each with one writer thread, so that no increment is lost.
+        self._overflowed = 0  # training thread: queue full
+        self._unwritable = 0  # writer thread: could not be written
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
         self._stopped = False
         self._start_thread()
         _processors.add(self)
+
+    @property
+    def dropped(self) -> int:
+        """Lines lost: past the queue's bound, or not writable (a symlink refused, a full disk)."""
+        return self._overflowed + self._unwritable
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-training-dlrover-log", daemon=True)
@@ -71,7 +96,7 @@ class DLRoverLogProcessor(SpanProcessor):
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            self._overflowed += 1
 
     # -- training thread ----------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -106,12 +131,19 @@ class DLRoverLogProcessor(SpanProcessor):
         if self.json_lines:
             return json.dumps({"event_time": _time(time_ns), "event_id": event_id, "target": target, "name": name,
                                "event_type": kind, "content": content}, default=str)
-        return f"[{_time(time_ns)}] [{event_id}] [{target}] [{name}] [{kind}] {json.dumps(content, default=str)}"
+        return (f"[{_time(time_ns)}] [{event_id}] [{_field(target)}] [{_field(name)}] [{kind}] "
+                f"{json.dumps(content, default=str)}")
+
+    def _open(self) -> TextIO:
+        fd = open_for_append(self.path, self.file_mode, self.dir_mode)
+        return os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
 
     def _run(self) -> None:
         handle = None
         while True:
             item = self._queue.get()
+            lines: list[str] = []
+            done = 0
             try:
                 if item is _STOP:
                     return
@@ -120,15 +152,22 @@ class DLRoverLogProcessor(SpanProcessor):
                         handle.flush()
                     item.set()
                     continue
+                lines = self._lines(item)
                 if handle is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    handle = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
-                for line in self._lines(item):
+                    handle = self._open()
+                for line in lines:
                     handle.write(line + "\n")
+                    done += 1
                     self.written += 1
                 if self._queue.empty():
                     handle.flush()
+            except SymlinkRefused:
+                self._unwritable += len(lines)
+                log_once(f"dlrover-log:{self.path}", "otel_training: not writing the DLRover log %s: it is a "
+                         "symbolic link, which is not followed (remove it); lines are counted as dropped",
+                         self.path, exc_info=False)
             except Exception:  # noqa: BLE001
+                self._unwritable += len(lines) - done
                 log_once(f"dlrover-log:{self.path}", "otel_training: cannot write the DLRover log %s", self.path)
             finally:
                 if item is _STOP and handle is not None:

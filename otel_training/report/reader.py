@@ -4,6 +4,13 @@ Post-mortem input is often damaged: the last line cut short by a crash, a
 metrics file next to the traces, a directory that holds nothing. Each problem
 becomes a message naming the file and line, and everything readable is still
 used, because a partial report beats none when a job has just died.
+
+Input may also be hostile or absurd, and the report must survive it with
+bounded memory: a line that cannot be converted for any reason (nesting past
+the recursion limit, an infinite rank) is a problem of its line; a line longer
+than ``MAX_LINE_BYTES`` is skipped unread; spans with impossible timestamps are
+problems, not figures; and a span read twice (the same file passed twice, a
+copy) counts once.
 """
 
 from __future__ import annotations
@@ -12,17 +19,26 @@ import dataclasses
 import gc
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
 
 #: Problems reported per file before the rest are only counted.
 MAX_PROBLEMS_PER_FILE = 5
-#: Inputs larger than this (bytes) get a progress bar (when stderr is a terminal).
+#: Inputs larger than this (bytes) get a progress bar (when stderr is a terminal and tqdm is installed).
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024
+#: Lines longer than this (bytes) are skipped unread: parsing costs a few times a line's size in memory.
+#: The file exporter writes one batch of spans per line, a few MB at most.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+#: Timestamps outside [2000-01-01, 2262-04-11] (the signed 64-bit nanosecond range)
+#: are a clock not set, a corrupt value or a forgery; their spans are problems.
+MIN_TIME_NS = 946_684_800 * 10**9
+MAX_TIME_NS = 2**63 - 1
+#: Alert attributes the analysis turns into nanoseconds.
+_ALERT_SECONDS = (sc.ALERT_ELAPSED_S, sc.ALERT_THRESHOLD_S)
 _STATUS_ERROR = 2
 _THREAD_ID = "thread.id"
 
@@ -90,6 +106,11 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
+def _not_strings(**fields: Any) -> TypeError:
+    wrong = ", ".join(f"{key} is {type(value).__name__}" for key, value in fields.items() if not isinstance(value, str))
+    return TypeError(f"{wrong}, not a string")
+
+
 def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
     """The spans of one OTLP JSON ``ExportTraceServiceRequest``."""
     records = []
@@ -102,21 +123,59 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
             for span in scope_spans.get("spans", ()):
                 span_attributes = attributes(span.get("attributes"))
                 thread = span_attributes.get(_THREAD_ID, 0)
+                name, trace_id = span["name"], span.get("traceId", "")
+                span_id, parent_id = span.get("spanId", ""), span.get("parentSpanId", "")
+                # Ids are joined and compared later: another type is a malformed span, not a crash there.
+                if not (type(name) is str and type(trace_id) is str and type(span_id) is str
+                        and type(parent_id) is str):
+                    raise _not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
                 records.append(SpanRecord(
-                    name=span["name"],
+                    name=name,
                     start_ns=int(span["startTimeUnixNano"]),
                     end_ns=int(span["endTimeUnixNano"]),
                     run=run,
                     attributes=span_attributes,
-                    trace_id=span.get("traceId", ""),
-                    span_id=span.get("spanId", ""),
-                    parent_id=span.get("parentSpanId", ""),
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    parent_id=parent_id,
                     error=span.get("status", {}).get("code") == _STATUS_ERROR,
                     service=service,
                     role=role,
                     thread=thread if isinstance(thread, int) else 0,
                 ))
     return records
+
+
+def _impossible(record: SpanRecord) -> str | None:
+    """Why the span cannot be real, or None."""
+    if not (MIN_TIME_NS <= record.start_ns <= MAX_TIME_NS and MIN_TIME_NS <= record.end_ns <= MAX_TIME_NS):
+        return "has a timestamp before 2000 or after 2262 (negative, unset or corrupt)"
+    if record.end_ns < record.start_ns:
+        return "ends before it starts"
+    if record.name == sc.SPAN_ALERT:
+        for key in _ALERT_SECONDS:
+            value = record.attributes.get(key)
+            if isinstance(value, (int, float)) and not 0 <= value <= MAX_TIME_NS / 1e9:
+                return f"claims {key}={value!r}, not a duration in the 64-bit nanosecond range"
+    return None
+
+
+def _impossible_problem(impossible: list[tuple[SpanRecord, str]]) -> str:
+    record, why = impossible[0]
+    more = f" (and {len(impossible) - 1} more impossible span(s) on this line)" if len(impossible) > 1 else ""
+    return f"span {record.name!r} {why}{more}; skipped"
+
+
+def _lines(handle: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
+    """Each line and its size; a line longer than ``MAX_LINE_BYTES`` comes as None, skipped without holding it."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+            size += len(rest)
+        yield None, size + len(rest)
 
 
 def _line_problem(line: bytes, error: Exception) -> str:
@@ -127,6 +186,8 @@ def _line_problem(line: bytes, error: Exception) -> str:
         return f"not JSON ({error.msg} at column {error.pos + 1}); skipped"
     if isinstance(error, UnicodeDecodeError):
         return "not text (invalid UTF-8); skipped"
+    if isinstance(error, RecursionError):
+        return "nested too deeply to read; skipped"
     return f"malformed OTLP span ({type(error).__name__}: {error}); skipped"
 
 
@@ -156,9 +217,12 @@ def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[
     except OSError as error:
         return [], [Problem(str(path), None, f"cannot open: {error.strerror or error}")]
     with handle:
-        for number, line in enumerate(handle, start=1):
+        for number, (line, size) in enumerate(_lines(handle), start=1):
             if progress is not None:
-                progress.update(len(line))
+                progress.update(size)
+            if line is None:
+                problem(number, f"line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} read; skipped")
+                continue
             if not line.strip():
                 continue
             try:
@@ -166,25 +230,62 @@ def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[
                 if not isinstance(request, dict) or "resourceSpans" not in request:
                     problem(number, _kind_problem(request))
                     continue
-                records.extend(records_from_request(request))
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                line_records = records_from_request(request)
+            except Exception as error:  # noqa: BLE001 - whatever a line holds, it costs that line only
                 problem(number, _line_problem(line, error))
+                continue
+            impossible = [(record, why) for record in line_records if (why := _impossible(record))]
+            if impossible:
+                problem(number, _impossible_problem(impossible))
+                line_records = [record for record in line_records if not _impossible(record)]
+            records.extend(line_records)
     if hidden:
         problems.append(Problem(str(path), None, f"{hidden} more unreadable line(s) not listed"))
     return records, problems
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # gone since it was found: read_file says so
+
+
+def _progress_bar(total: int, progress: bool | None) -> Any:
+    """A tqdm bar, or None: tqdm is the report extra's, and reading needs the core alone."""
+    if not (progress or (progress is None and total >= PROGRESS_MIN_BYTES)):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
+                disable=None if progress is None else False)
+
+
+def _unique(records: list[SpanRecord], seen: set[str]) -> tuple[list[SpanRecord], int]:
+    """``records`` not seen before (by trace and span id), and how many were."""
+    unique = []
+    for record in records:
+        if record.span_id:
+            key = record.trace_id + record.span_id
+            if key in seen:
+                continue
+            seen.add(key)
+        unique.append(record)
+    return unique, len(records) - len(unique)
+
+
 def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:
     """Every span under ``paths``; ``progress`` None shows a bar for large inputs on a terminal."""
     files, problems = find_trace_files(paths)
-    total = sum(path.stat().st_size for path in files)
-    bar = None
-    if progress or (progress is None and total >= PROGRESS_MIN_BYTES):
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading traces",
-                   disable=None if progress is None else False)
+    unique: dict[Path, Path] = {}
+    for path in files:  # a file named twice (itself and its directory, ./a and a) is read once
+        unique.setdefault(path.resolve(), path)
+    files = list(unique.values())
+    bar = _progress_bar(sum(_size(path) for path in files), progress)
     records: list[SpanRecord] = []
+    seen: set[str] = set()
     # Millions of new dicts would trigger full garbage collections over and over
     # (reading turns quadratic); records hold no reference cycles.
     collecting = gc.isenabled()
@@ -192,8 +293,12 @@ def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None
     try:
         for path in files:
             file_records, file_problems = read_file(path, bar)
+            file_records, duplicates = _unique(file_records, seen)
             records.extend(file_records)
             problems.extend(file_problems)
+            if duplicates:
+                problems.append(Problem(str(path), None, f"{duplicates} span(s) already read (same trace and span "
+                                        "id: a file passed twice, or a copy); counted once"))
     finally:
         if collecting:
             gc.enable()

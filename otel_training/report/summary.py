@@ -1,7 +1,14 @@
-"""The terminal summary: the answers first (goodput, where the rest went, who is slow), details after."""
+"""The terminal summary: the answers first (goodput, where the rest went, who is slow), details after.
+
+Everything taken from the traces (job ids, span names, stacks, file names and
+what problems quote of them) is printed with its control characters escaped:
+a trace is input anyone may have written, and the terminal obeys escape
+sequences.
+"""
 
 from __future__ import annotations
 
+from otel_training._text import escape_controls as _safe
 from otel_training.analysis import PRODUCTIVE
 from otel_training.report.job import JobReport
 
@@ -24,7 +31,7 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
     lines: list[str] = []
     add = lines.append
     account = report.goodput
-    jobs = ", ".join(report.job_ids) or "(no training.job.id)"
+    jobs = ", ".join(_safe(job_id) for job_id in report.job_ids) or "(no training.job.id)"
     ranks = sorted({run.key.rank for run in account.runs})
     add(f"job {jobs}: {report.span_count} spans, {len(ranks)} rank(s), {account.restarts} restart(s), "
         f"{len(account.runs)} run(s) of a rank")
@@ -59,14 +66,14 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
         for alert in report.alerts:
             elapsed = "" if alert.elapsed_s is None else f" after {alert.elapsed_s:.1f} s"
             threshold = "" if alert.threshold_s is None else f" (threshold {alert.threshold_s:.1f} s)"
-            add(f"  rank {alert.rank} restart {alert.restart}: {alert.span_name or 'span'} {alert.kind}"
+            add(f"  rank {alert.rank} restart {alert.restart}: {_safe(alert.span_name or 'span')} {_safe(alert.kind)}"
                 f"{elapsed}{threshold}")
             stack_lines = alert.stacks.splitlines()
             for stack_line in stack_lines[:max_stack_lines]:
-                add(f"    | {stack_line}")
+                add(f"    | {_safe(stack_line)}")
             if len(stack_lines) > max_stack_lines:
                 add(f"    | ... {len(stack_lines) - max_stack_lines} more lines (see the HTML report)")
     if report.problems:
         add(f"input problems ({len(report.problems)}); everything else was used:")
-        lines.extend(f"  {problem}" for problem in report.problems)
+        lines.extend(f"  {_safe(problem)}" for problem in report.problems)
     return "\n".join(lines)
