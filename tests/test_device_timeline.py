@@ -428,3 +428,143 @@ def test_device_busy_outside_the_steps_past_the_threshold_is_alerted(configure, 
     device_steps = {span["attributes"][sc.STEP]: span for span in named(spans, sc.SPAN_DEVICE_STEP)}
     assert gap["start"] == device_steps[2]["end"]  # the device finished step 2, then ran the eval
     assert [event.kind for event in alerts.events] == ["stuck", "recovered"]
+
+
+# -- what the review of the first version found -------------------------------------------------------
+
+
+def test_a_data_bound_loop_is_data_loading_not_device_time(configure, fake) -> None:
+    # The device is idle while the host waits for each batch: that wait is data loading. The step's
+    # device time begins once its batch is in (the torch instrumentor opens the step at the fetch).
+    torch = pytest.importorskip("torch")
+    from otel_training.integrations.torch import TorchInstrumentor
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 12
+
+        def __getitem__(self, index: int):
+            threading.Event().wait(0.03)  # a slow decoder: 30 ms per sample, the scenario itself
+            return torch.randn(4), torch.randn(1)
+
+    telemetry = configure(stuck_threshold_s=30)
+    TorchInstrumentor().instrument()
+    try:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in torch.utils.data.DataLoader(Slow(), batch_size=1):
+            fake.launch(0.005)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        TorchInstrumentor().uninstrument()
+    fake.synchronize()
+    spans = spans_of(telemetry)
+    device_steps = named(spans, sc.SPAN_DEVICE_STEP)
+    assert len(device_steps) == 12
+    # Device steps hold the device work, not the wait before it; the idle gap before each says so.
+    assert statistics.median((s["end"] - s["start"]) / 1e9 for s in device_steps) < 0.02
+    assert statistics.median(s["attributes"][sc.DEVICE_IDLE_BEFORE_S] for s in device_steps[1:]) > 0.02
+    result = account(read_paths([telemetry.trace_path]).records)
+    waits = sum(s["attributes"][sc.STEP_DATA_WAIT_S] for s in named(spans, sc.SPAN_STEP))
+    assert result.seconds[sc.BADPUT_DATA_LOADING] == pytest.approx(waits, rel=0.2)
+    assert result.goodput is not None and result.goodput < 0.5
+
+
+def test_checkpoints_evaluation_and_teardown_are_not_gaps(configure, fake) -> None:
+    telemetry = configure(stuck_threshold_s=THRESHOLD_S)
+    alerts = Alerts(telemetry)
+    trainer = otel_training.TrainerProcess()
+    over_threshold = threading.Event()
+
+    def long_host_work() -> None:  # twice the step threshold on the host, the device idle: the scenario
+        over_threshold.wait(2 * THRESHOLD_S)
+
+    with trainer.train():
+        for index in range(3):
+            with trainer.step(global_step=index):
+                fake.launch(0.002)
+            fake.synchronize()
+        with trainer.save(path="/tmp/ckpt", step=2):
+            long_host_work()
+        with trainer.evaluate():
+            long_host_work()
+        with trainer.step(global_step=3):
+            fake.launch(0.002)
+    long_host_work()  # teardown after the training loop
+    spans = spans_of(telemetry)
+    assert not alerts.events, [(event.kind, event.span_name) for event in alerts.events]
+    assert not named(spans, sc.SPAN_BETWEEN_STEPS)
+    result = account(read_paths([telemetry.trace_path]).records)
+    assert result.seconds[sc.BADPUT_CHECKPOINT_SAVE] >= 2 * THRESHOLD_S * 0.9
+    assert result.seconds[sc.BADPUT_EVALUATION] >= 2 * THRESHOLD_S * 0.9
+
+
+def test_teardown_after_training_stays_other_with_a_device(configure, fake) -> None:
+    telemetry = configure(stuck_threshold_s=30)
+    trainer = otel_training.TrainerProcess()
+    with trainer.train():
+        for index in range(3):
+            with trainer.step(global_step=index):
+                fake.launch(0.02)  # the device finishes the last steps after the loop has ended
+    fake.synchronize()
+    with trainer.init():  # something after the loop, so the run extends past it
+        threading.Event().wait(0.05)
+    spans_of(telemetry)
+    result = account(read_paths([telemetry.trace_path]).records)
+    assert result.seconds.get(sc.BADPUT_HOST_OUTSIDE_STEPS, 0) < 0.01, result.seconds
+    assert result.seconds.get(sc.BADPUT_OTHER, 0) > 0.0
+
+
+def test_rates_use_the_device_time(configure, fake) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_training.processors.goodput import GoodputSpanProcessor
+
+    telemetry = configure(stuck_threshold_s=30, goodput=False)
+    reader = InMemoryMetricReader()
+    processor = GoodputSpanProcessor(MeterProvider(metric_readers=[reader]))
+    telemetry.add_span_processor(processor)
+    trainer = otel_training.TrainerProcess()
+    for index in range(5):
+        with trainer.step(global_step=index, **{sc.TOKENS: 1000, sc.SAMPLES: 8}):
+            fake.launch(0.01)
+    fake.synchronize()
+    spans = spans_of(telemetry)
+    processor.settle()
+    metrics = {metric.name: metric for rm in reader.get_metrics_data().resource_metrics
+               for sm in rm.scope_metrics for metric in sm.metrics}
+    (tokens,) = metrics[sc.METRIC_STEP_TOKENS_RATE].data.data_points
+    assert tokens.count == 5
+    device_s = [(s["end"] - s["start"]) / 1e9 for s in named(spans, sc.SPAN_DEVICE_STEP)]
+    assert tokens.sum == pytest.approx(sum(1000 / d for d in device_s), rel=0.01)
+
+
+def test_shutdown_keeps_to_its_own_timeout(configure, fake) -> None:
+    import time
+
+    telemetry = configure(stuck_threshold_s=30, exit_timeout_s=20)
+    trainer = otel_training.TrainerProcess()
+    with trainer.step(global_step=0):
+        gate = fake.launch_gate()  # never completes before shutdown
+    started = time.monotonic()
+    telemetry.shutdown(timeout_s=1.0)
+    elapsed = time.monotonic() - started
+    gate.set()
+    assert elapsed < 1.0 + 0.5  # a quarter of 1 s for the device, not of 20 s
+
+
+def test_device_steps_do_not_grow_the_trace_budget_table(configure, fake) -> None:
+    from otel_training.events.runtime import runtime
+
+    configure(stuck_threshold_s=30)
+    trainer = otel_training.TrainerProcess()
+    for index in range(50):  # root-level steps: each its own trace
+        with trainer.step(global_step=index):
+            fake.launch(0.0005)
+    fake.synchronize()
+    timeline = telemetry_timeline()
+    assert _wait_for(lambda: timeline.resolved == 50)
+    assert len(runtime()._traces) == 0  # nothing re-created for traces the training thread forgot

@@ -122,8 +122,10 @@ class Timeline:
         if is_step:
             if self.first_step_ns is None or start_ns < self.first_step_ns:
                 self.first_step_ns = start_ns
-            if self.train_end_ns is not None and start_ns >= self.train_end_ns:
-                self.train_end_ns = None  # another training loop followed
+            if self.train_end_ns is not None and start_ns >= self.train_end_ns and label != DEVICE_BUSY:
+                # Another training loop followed (a device step ending after train does not say so:
+                # the device finishes what the host launched before the loop ended).
+                self.train_end_ns = None
         start_ns = max(start_ns, self.folded_until)  # time already folded is settled
         if end_ns > start_ns:
             self._pending.append((start_ns, end_ns, _PRIORITY[label]))

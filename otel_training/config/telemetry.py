@@ -150,6 +150,8 @@ class Telemetry:
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
         self._on_shutdown: list[Callable[[], None]] = []
+        #: ``time.monotonic()`` by which the shutdown in progress must return (None before one).
+        self.shutdown_deadline: float | None = None
         self._metric_exporter: MetricExporter | None = None
 
         # A stand-in for a failed configuration reads none of the environment that failed
@@ -266,6 +268,7 @@ class Telemetry:
             if self._shutdown_result is not None:
                 return self._shutdown_result
             deadline = start + max(0.0, timeout_s)
+            self.shutdown_deadline = deadline  # callbacks that wait (the device timeline) stay within it
             for callback in reversed(self._on_shutdown):
                 contained()(callback)()
             # Most of the budget for delivering spans, the rest for stopping cleanly.

@@ -5,18 +5,24 @@ event on the current stream: no synchronisation, no allocation after warm-up.
 
 On the resolver thread, ``cudaEventQuery`` says whether a marker completed, and
 ``cudaEventElapsedTime`` from an *anchor* event gives when, on the device's own
-clock (0.5 µs resolution). The anchor's wall-clock time is taken Cristian-style:
-record it on an idle side stream, synchronise, and take the midpoint of the
-wall-clock reads around it, best of three. Re-anchoring every
-``ANCHOR_EVERY_S`` keeps the float32 milliseconds of ``elapsed_time`` at about
-1 µs and the drift between the two clocks out of the figures.
+clock (0.5 µs resolution; negative for a marker that completed before the
+anchor). The anchor's wall-clock time is bracketed Cristian-style: record it on
+a side stream and poll it, without ever synchronising, for at most
+``ANCHOR_WAIT_S``; the wall-clock reads before the record and after the first
+query that saw it complete bound its completion. Only a bracket narrower than
+``ANCHOR_MAX_BRACKET_S`` is kept (its midpoint is then within half of that): the
+side stream comes from torch's stream pool and may be shared with a busy NCCL or
+FSDP stream, which makes the bracket wide and the sample useless, never wrong or
+blocking. Re-anchoring every ``ANCHOR_EVERY_S`` keeps the float32 milliseconds of
+``elapsed_time`` at about 1 µs and clock drift out of the figures. Until a first
+good anchor, a marker's own poll bracket stands in.
 
 CUDA graph capture: a marker recorded inside a capture would be captured into
 the graph, so nothing is recorded while the current stream captures; and as a
 query from another thread can invalidate a capture in torch's default "global"
-capture mode, the resolver does not query while any ``CUDAGraph`` captures
-(``capture_begin``/``capture_end`` are wrapped to count them, under a lock the
-query also takes).
+capture mode, the resolver does not query while any graph captures
+(``capture_begin`` and every way a capture ends are wrapped to count captures,
+under a lock each query also takes, never held across a wait).
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from typing import Any
 
 #: Seconds between re-anchoring the device clock to the wall clock.
 ANCHOR_EVERY_S = 10.0
+#: Longest a calibration sample waits for its anchor event, and the widest bracket kept.
+ANCHOR_WAIT_S = 0.002
+ANCHOR_MAX_BRACKET_S = 0.0002
 _capture_lock = threading.Lock()
-_captures = [0]  # CUDAGraph captures in progress, in any thread
+_captures = [0]  # graph captures in progress, in any thread
 
 
 class CudaDevice:
@@ -44,8 +53,8 @@ class CudaDevice:
         self._pool: collections.deque[Any] = collections.deque()
         self._side = cuda.Stream(device=self.index)
         self._anchor: tuple[Any, int] | None = None
-        self._previous_anchor: tuple[Any, int] | None = None
         self._anchored_at = float("-inf")
+        self._polled_ns: dict[int, int] = {}  # id(marker) -> wall clock of its last incomplete query
         _guard_graph_capture(cuda)
 
     @classmethod
@@ -73,62 +82,119 @@ class CudaDevice:
 
     # -- the resolver thread -------------------------------------------------
     def completed_ns(self, event: Any) -> int | None:
+        before = time.time_ns()
+        done = self._query(event)
+        if not done:
+            if done is False:  # really queried (not skipped for a capture): a lower bound
+                self._polled_ns[id(event)] = before
+            return None
+        after = time.time_ns()
+        last_incomplete = self._polled_ns.pop(id(event), None)
+        if time.monotonic() - self._anchored_at >= ANCHOR_EVERY_S:
+            self._reanchor()
+        if self._anchor is None:
+            # No good anchor yet: the marker's own bracket (its last incomplete query, this one).
+            self._anchor = (event, (last_incomplete + after) // 2 if last_incomplete is not None else after)
+            self._anchored_at = time.monotonic() - ANCHOR_EVERY_S + 1.0  # try a real one again in 1 s
+        anchor, anchor_ns = self._anchor
+        if anchor is event:
+            return anchor_ns
         with _capture_lock:
-            if _captures[0] or not event.query():
+            if _captures[0]:
                 return None
-            if time.monotonic() - self._anchored_at >= ANCHOR_EVERY_S:
-                self._reanchor()
-            anchor, anchor_ns = self._anchor  # type: ignore[misc]
             elapsed_ms = anchor.elapsed_time(event)
-            if elapsed_ms < 0 and self._previous_anchor is not None:
-                # Completed before the newest anchor: measure from the one before.
-                anchor, anchor_ns = self._previous_anchor
-                elapsed_ms = anchor.elapsed_time(event)
         return anchor_ns + int(elapsed_ms * 1e6)
 
+    def _query(self, event: Any) -> bool | None:
+        """Whether ``event`` completed; None when not asked (a graph is being captured)."""
+        with _capture_lock:
+            return None if _captures[0] else bool(event.query())
+
     def _reanchor(self) -> None:
+        """Up to three bounded samples; the narrowest bracket under the limit becomes the anchor."""
         best: tuple[int, Any, int] | None = None
         for _ in range(3):
             event = self._cuda.Event(enable_timing=True)
-            before = time.time_ns()
-            event.record(self._side)
-            event.synchronize()
-            after = time.time_ns()
-            if best is None or after - before < best[0]:
-                best = (after - before, event, (before + after) // 2)
-        assert best is not None
-        self._previous_anchor = self._anchor
-        self._anchor = (best[1], best[2])
-        self._anchored_at = time.monotonic()
+            with _capture_lock:
+                if _captures[0]:
+                    return
+                before = time.time_ns()
+                event.record(self._side)
+            deadline = before + int(ANCHOR_WAIT_S * 1e9)
+            while not self._query(event):
+                if time.time_ns() > deadline:
+                    self._anchored_at = time.monotonic()
+                    return  # the side stream is busy (shared): try again at the next interval
+            else:
+                after = time.time_ns()
+                if after - before <= ANCHOR_MAX_BRACKET_S * 1e9 and (best is None or after - before < best[0]):
+                    best = (after - before, event, (before + after) // 2)
+        self._anchored_at = time.monotonic()  # a failed round waits for the next interval too
+        if best is not None:
+            self._anchor = (best[1], best[2])
 
     def release(self, event: Any) -> None:
-        if len(self._pool) < 64:
+        self._polled_ns.pop(id(event), None)
+        anchor = self._anchor
+        if len(self._pool) < 64 and (anchor is None or anchor[0] is not event):
             self._pool.append(event)
 
 
 def _guard_graph_capture(cuda: Any) -> None:
-    """Count CUDAGraph captures, so the resolver never queries during one (once per process)."""
-    graph = getattr(getattr(cuda, "graphs", None), "CUDAGraph", None)
-    if graph is None or getattr(graph, "_otel_training_guarded", False):
-        return
-    begin, end = graph.capture_begin, graph.capture_end
+    """Count graph captures, so the resolver never queries during one (once per class and process).
 
-    @functools.wraps(begin)
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _capture_lock:
-            _captures[0] += 1
-        try:
-            return begin(self, *args, **kwargs)
-        except BaseException:
+    Every way a capture ends is wrapped (``capture_end``, and ``capture_end_pre``, which
+    ``torch.cuda.graph`` calls alone when entering it fails); a per-graph flag makes the count
+    drop once per capture whichever of them ran.
+    """
+    import sys
+
+    classes = [getattr(getattr(cuda, "graphs", None), "CUDAGraph", None)]
+    accelerator = sys.modules.get("torch.accelerator")
+    classes.append(getattr(accelerator, "Graph", None))
+    for graph in classes:
+        if graph is not None and not graph.__dict__.get("_otel_training_guarded", False):
+            _guard(graph)
+
+
+def _guard(graph: type) -> None:
+    def counted_begin(begin: Any) -> Any:
+        @functools.wraps(begin)
+        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _capture_lock:
+                _captures[0] += 1
+            _CAPTURING.add(id(self))
+            try:
+                return begin(self, *args, **kwargs)
+            except BaseException:
+                _uncount(self)
+                raise
+
+        return capture_begin
+
+    def counted_end(end: Any) -> Any:
+        @functools.wraps(end)
+        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return end(self, *args, **kwargs)
+            finally:
+                _uncount(self)
+
+        return capture_end
+
+    for name, wrap in (("capture_begin", counted_begin), ("capture_end", counted_end),
+                       ("capture_end_pre", counted_end)):
+        original = getattr(graph, name, None)
+        if original is not None:
+            setattr(graph, name, wrap(original))
+    graph._otel_training_guarded = True  # type: ignore[attr-defined]
+
+
+_CAPTURING: set[int] = set()
+
+
+def _uncount(graph: Any) -> None:
+    with _capture_lock:
+        if id(graph) in _CAPTURING:
+            _CAPTURING.discard(id(graph))
             _captures[0] = max(0, _captures[0] - 1)
-            raise
-
-    @functools.wraps(end)
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return end(self, *args, **kwargs)
-        finally:
-            _captures[0] = max(0, _captures[0] - 1)
-
-    graph.capture_begin, graph.capture_end = capture_begin, capture_end
-    graph._otel_training_guarded = True

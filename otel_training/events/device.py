@@ -84,12 +84,14 @@ class Device(Protocol):
 class _Step:
     """One step's markers and its device span, from the host's begin to the device's end."""
 
-    __slots__ = ("host", "begin", "end", "thread_id", "epoch", "span", "launched")
+    __slots__ = ("host", "begin", "end", "ready_ns", "host_end_ns", "thread_id", "epoch", "span", "launched")
 
     def __init__(self, begin: Any, thread_id: int, epoch: Any) -> None:
         self.host: Any = None  # the host step span (set right after it starts)
-        self.begin = begin
+        self.begin = begin  # None while the step awaits its input (``input_ready``)
         self.end: Any = None
+        self.ready_ns = 0
+        self.host_end_ns = 0
         self.thread_id = thread_id
         self.epoch = epoch
         self.span: Span | None = None
@@ -125,10 +127,17 @@ class DeviceTimeline:
         runtime.telemetry.on_shutdown(self.close)
 
     # -- the training thread: one marker record, a deque append ---------------
-    def begin_step(self, epoch: Any) -> _Step | None:
-        """Record the step's begin marker; None when nothing was recorded (host timing for this step)."""
+    def begin_step(self, epoch: Any, awaiting_input: bool = False) -> _Step | None:
+        """Record the step's begin marker; None when nothing was recorded (host timing for this step).
+
+        ``awaiting_input``: the step opens with a fetch of its batch, and its device work can
+        start only once the batch is in; the marker is recorded by ``input_ready``, so a device
+        idle while the host waits for data is data loading, not device time.
+        """
         if self.failed:
             return None
+        if awaiting_input:
+            return _Step(None, threading.get_ident(), epoch)
         marker = self.device.record()
         if marker is None:
             return None
@@ -136,10 +145,22 @@ class DeviceTimeline:
 
     def started(self, step: _Step, host_span: Any) -> None:
         step.host = host_span
+        if self.failed:  # failed since begin_step: this step is timed on the host after all
+            host_span.set_attribute(sc.STEP_DEVICE_TIMED, False)
+            return
         self._pending.append(step)
         self._newest = step
 
+    def input_ready(self, step: _Step) -> None:
+        if step.begin is None:
+            step.ready_ns = time.time_ns()
+            marker = None if self.failed else self.device.record()
+            step.begin = _UNRECORDED if marker is None else marker
+
     def end_step(self, step: _Step) -> None:
+        if step.begin is None:
+            self.input_ready(step)
+        step.host_end_ns = time.time_ns()
         marker = None if self.failed else self.device.record()
         step.end = _UNRECORDED if marker is None else marker
 
@@ -161,7 +182,12 @@ class DeviceTimeline:
         while pending:
             step = pending[0]
             if step.span is None:
-                begun = self.device.completed_ns(step.begin)
+                if step.begin is None:
+                    break  # the host still waits for the step's input
+                if step.begin is _UNRECORDED:
+                    begun: int | None = max(step.ready_ns, self._last_end_ns or 0)
+                else:
+                    begun = self.device.completed_ns(step.begin)
                 if begun is None:
                     break
                 self._start(step, begun)
@@ -173,7 +199,7 @@ class DeviceTimeline:
                 step.launched = True
                 step.span.set_attribute(sc.STEP_LAUNCHED, True)  # type: ignore[union-attr]
             if end is _UNRECORDED:
-                ended = max(_end_time(step.host) or 0, _start_time(step.span))
+                ended = max(step.host_end_ns, _start_time(step.span))
             else:
                 ended = self.device.completed_ns(end)
                 if ended is None:
@@ -209,21 +235,23 @@ class DeviceTimeline:
         if self._last_step is not None:
             attributes[sc.DEVICE_LAST_COMPLETED_STEP] = self._last_step
         context = trace_api.set_span_in_context(host)
-        span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=context, attributes=attributes,
-                                       start_time=begun_ns)
-        self._runtime.charge(span.get_span_context().trace_id)
-        step.span = span
+        # Its trace was charged for it on the training thread (StepDuration).
+        step.span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=context, attributes=attributes,
+                                            start_time=begun_ns)
 
     def _finish(self, step: _Step, ended_ns: int) -> None:
         span = step.span
         assert span is not None
         ended_ns = max(ended_ns, _start_time(span))
+        host_attributes = step.host.attributes or {}
+        # What the step processed, for the per-second rates of the step time that is now this one.
+        span.set_attributes({key: host_attributes[key] for key in _RATE_KEYS if key in host_attributes})
         span.end(end_time=ended_ns)
-        self.device.release(step.begin)
-        if step.end is not _UNRECORDED:
-            self.device.release(step.end)
+        for marker in (step.begin, step.end):
+            if marker is not _UNRECORDED:
+                self.device.release(marker)
         self._last_end_ns = ended_ns
-        self._last_step = (step.host.attributes or {}).get(sc.STEP, self._last_step)
+        self._last_step = host_attributes.get(sc.STEP, self._last_step)
         self.resolved += 1
 
     def _watch_gap(self, now_ns: int) -> None:
@@ -233,8 +261,9 @@ class DeviceTimeline:
         filesystem, an unhooked evaluation), or the device has not begun the next step because it
         is still busy with work queued outside the steps (a hung kernel of an evaluation).
         """
-        if self._gap is not None:
-            return
+        rt = self._runtime
+        if self._gap is not None or rt.host_work > 0 or rt.training is False:
+            return  # a checkpoint save or evaluation is no gap, nor is the teardown after training
         pending = self._pending
         if pending:
             about = pending[0]
@@ -246,10 +275,7 @@ class DeviceTimeline:
             about = self._newest
             if about is None or about.end is None:
                 return
-            host_end = _end_time(about.host)
-            if host_end is None:
-                return
-            since = max(host_end, self._last_end_ns or 0)  # from when both the host and the device were done
+            since = max(about.host_end_ns, self._last_end_ns or 0)  # from when both the host and the device were done
             step_before = (about.host.attributes or {}).get(sc.STEP)
         threshold = self._step_threshold_s()
         if threshold is None or now_ns - since <= threshold * 1e9:
@@ -294,6 +320,9 @@ class DeviceTimeline:
         """
         if timeout_s is None:
             timeout_s = 0.25 * float(self._runtime.telemetry.options.get("exit_timeout_s", 2.0))
+            shutdown_deadline = getattr(self._runtime.telemetry, "shutdown_deadline", None)
+            if shutdown_deadline is not None:  # within the budget the shutdown in progress was given
+                timeout_s = min(timeout_s, 0.25 * max(0.0, shutdown_deadline - time.monotonic()))
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         if self._thread is not threading.current_thread():
@@ -330,12 +359,12 @@ class DeviceTimeline:
         self._gap = None
 
 
+#: Host step attributes copied onto its device step: the per-second rates use the device time.
+_RATE_KEYS = (sc.TOKENS, sc.SAMPLES, sc.BATCH_SIZE)
+
+
 def _start_time(span: Any) -> int:
     return getattr(span, "start_time", None) or 0
-
-
-def _end_time(span: Any) -> int | None:
-    return getattr(span, "end_time", None)
 
 
 # -- finding the device ---------------------------------------------------------------

@@ -275,6 +275,26 @@ class StepDuration(Duration):
         self._device_step: tuple[_device.DeviceTimeline, Any] | None = None
 
     def begin(self) -> Duration:
+        return self._begin_step(awaiting_input=False)
+
+    def begin_awaiting_input(self) -> Duration:
+        """Begin a step that opens by fetching its batch: its device time starts at ``input_ready()``.
+
+        A host blocked for data while the device is idle is then data loading, not device time.
+        """
+        return self._begin_step(awaiting_input=True)
+
+    def input_ready(self) -> None:
+        """The step's input is in: its device work starts now (after ``begin_awaiting_input``)."""
+        pending = self._device_step
+        if pending is not None:
+            try:
+                pending[0].input_ready(pending[1])
+            except Exception:  # noqa: BLE001
+                log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
+                         "device; training continues")
+
+    def _begin_step(self, awaiting_input: bool) -> Duration:
         step = timeline = rt = None
         if self._span is None:
             try:
@@ -284,15 +304,19 @@ class StepDuration(Duration):
                     timeline = _device.probe(rt)
                 if timeline:
                     parent = _CURRENT.get()
-                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None)
+                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,
+                                               awaiting_input)
                     if step is not None:
                         self._attributes[sc.STEP_DEVICE_TIMED] = True
             except Exception:  # noqa: BLE001 - contained inline: this is the hot path
                 log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
                          "training continues")
         self._begin(rt)
-        if step is not None and self._span is not None and self._span.is_recording():
-            timeline.started(step, self._span)  # type: ignore[union-attr]
+        span = self._span
+        if step is not None and span is not None and span.is_recording():
+            if span.parent is not None:  # its device step joins this trace: charge the budget here, once
+                rt.charge(span.get_span_context().trace_id)  # type: ignore[union-attr]
+            timeline.started(step, span)  # type: ignore[union-attr]
             self._device_step = (timeline, step)  # type: ignore[assignment]
         return self
 
@@ -314,6 +338,49 @@ class StepDuration(Duration):
     def _fresh(self) -> Duration:
         clone = super()._fresh()
         clone._device_step = None  # type: ignore[attr-defined]
+        return clone
+
+
+class HostWork(Duration):
+    """Host work between steps (a checkpoint, an evaluation, set-up), or the training loop itself.
+
+    The device timeline alerts on the time between steps (``training.between_steps``) only while
+    none of these is open and the training loop has not ended: a long checkpoint save, an
+    evaluation or the teardown after training is no hang.
+    """
+
+    __slots__ = ("_counted_in",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counted_in: EventsRuntime | None = None
+
+    def _begin(self, rt: EventsRuntime | None) -> Duration:
+        super()._begin(rt)
+        current = _runtime_module._runtime
+        if self._span is not None and self._counted_in is None and current is not None:
+            self._counted_in = current
+            if self.name == sc.SPAN_TRAIN:
+                current.training = True
+            else:
+                current.host_work += 1
+        return self
+
+    def end(self) -> None:
+        counted, self._counted_in = self._counted_in, None
+        super().end()
+        if counted is not None:
+            if self.name == sc.SPAN_TRAIN:
+                counted.training = False
+            else:
+                counted.host_work = max(0, counted.host_work - 1)
+
+    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+        return Duration(self._process, f"{self.name}.{name}", content, event_name=name)
+
+    def _fresh(self) -> Duration:
+        clone = super()._fresh()
+        clone._counted_in = None  # type: ignore[attr-defined]
         return clone
 
 

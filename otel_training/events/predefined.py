@@ -11,7 +11,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.events.attributes import METRIC_PREFIX, to_attributes
-from otel_training.events.duration import Duration, StepDuration
+from otel_training.events.duration import Duration, HostWork, StepDuration
 from otel_training.events.process import Process
 
 
@@ -44,26 +44,29 @@ class TrainerProcess(Process):
 
     # Durations.
     def init(self, **content: Any) -> Duration:
-        return self._span(sc.SPAN_INIT, "#init", None, content)
+        return self._span(sc.SPAN_INIT, "#init", None, content, HostWork)
 
     def load_dataset(self, **content: Any) -> Duration:
-        return self._span(sc.SPAN_LOAD_DATASET, "#load_dataset", None, content)
+        return self._span(sc.SPAN_LOAD_DATASET, "#load_dataset", None, content, HostWork)
 
     def load_ckpt(self, path: str | None = None, step: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_LOAD_CHECKPOINT, "#load_ckpt",
-                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content)
+                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content,
+                          HostWork)
 
     def persist_ckpt(self, path: str | None = None, step: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_PERSIST_CHECKPOINT, "#persist_ckpt",
-                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content)
+                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content,
+                          HostWork)
 
     def save(self, path: str | None = None, step: int | None = None, **content: Any) -> Duration:
         """Saving a checkpoint (the blocking part)."""
         return self._span(sc.SPAN_SAVE_CHECKPOINT, "#save_ckpt",
-                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content)
+                          _given(**{sc.CHECKPOINT_PATH: path, sc.CHECKPOINT_STEP: step}), content,
+                          HostWork)
 
     def train(self, **content: Any) -> Duration:
-        return self._span(sc.SPAN_TRAIN, "#train", None, content)
+        return self._span(sc.SPAN_TRAIN, "#train", None, content, HostWork)
 
     def epoch(self, epoch: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_EPOCH, "#epoch", _given(**{sc.EPOCH: epoch}), content)
@@ -77,10 +80,10 @@ class TrainerProcess(Process):
         return self._span(sc.SPAN_SUBSTEP, "#substep", _given(**{sc.SUBSTEP: substep}), content)
 
     def evaluate(self, **content: Any) -> Duration:
-        return self._span(sc.SPAN_EVALUATE, "#evaluate", None, content)
+        return self._span(sc.SPAN_EVALUATE, "#evaluate", None, content, HostWork)
 
     def predict(self, **content: Any) -> Duration:
-        return self._span(sc.SPAN_PREDICT, "#predict", None, content)
+        return self._span(sc.SPAN_PREDICT, "#predict", None, content, HostWork)
 
     def predict_step(self, step: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_PREDICT_STEP, "#predict_step", _given(**{sc.STEP: step}), content)

@@ -60,10 +60,10 @@ class Process:
         self._event(sc.EVENT_LOG_ERROR, "#error", attributes)
 
     def _span(self, span_name: str, event_name: str, attributes: dict[str, Any] | None,
-              content: Mapping[str, Any] | None) -> Duration:
+              content: Mapping[str, Any] | None, kind: type[Duration] = Duration) -> Duration:
         # ``attributes`` hold what the caller was given too (a checkpoint path): converted alike.
-        return Duration(self, span_name, readable(content), event_name=event_name,
-                        attributes=to_attributes(attributes) if attributes else None)
+        return kind(self, span_name, readable(content), event_name=event_name,
+                    attributes=to_attributes(attributes) if attributes else None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.target!r})"

@@ -70,6 +70,11 @@ class EventsRuntime:
         self._lock = threading.Lock()
         #: The device timeline (``events.device``): None until a device is in use, False when turned off.
         self.device: Any = None
+        #: Host work between steps open now (checkpoint, evaluation, set-up: ``HostWork``), and whether
+        #: the training loop is running (None: no ``training.train`` span seen). The device timeline
+        #: calls the time between steps idle only while neither says otherwise.
+        self.host_work = 0
+        self.training: bool | None = None
         telemetry.on_shutdown(self.close)
 
     def charge(self, trace_id: int) -> None:

@@ -90,7 +90,8 @@ class Slot(Protocol):
 
 
 class _Watched:
-    __slots__ = ("span", "learner", "threshold", "start", "deadline", "thread_id", "parent_context", "count")
+    __slots__ = ("span", "learner", "threshold", "start", "deadline", "thread_id", "parent_context", "count",
+                 "after_the_fact")
 
     def __init__(self, span: Span, learner: ThresholdLearner, threshold: Threshold, start: float,
                  thread_id: int, parent_context: Context | None) -> None:
@@ -102,6 +103,8 @@ class _Watched:
         self.thread_id = thread_id
         self.parent_context = parent_context
         self.count = 0
+        #: Started after the fact (a device step or the time between steps, by the device timeline).
+        self.after_the_fact = False
 
 
 def parse_span_names(span_names: Iterable[str] | Mapping[str, float | None]) -> dict[str, float | None]:
@@ -212,6 +215,7 @@ class StuckSpanProcessor(SpanProcessor):
 
     def _reset_runtime_state(self) -> None:
         self._open: dict[int, _Watched] = {}
+        self._slot_lock = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
         self._wake_at = math.inf
         self._recovered: deque[StuckEvent] = deque()
@@ -289,13 +293,17 @@ class StuckSpanProcessor(SpanProcessor):
             threshold = learner.threshold
             if parent_context is None:  # the SDK passes None when the parent is the implicit current context
                 parent_context = get_current_context()
-            # A span started after the fact (a device step, seen when the device began it) is
-            # watched from its own start time, not from when it reached us.
             now = time.monotonic()
-            start = now - max(0.0, (time.time_ns() - (span.start_time or 0)) / 1e9) if span.start_time else now
-            thread_id = attributes.get(sc.THREAD_ID) if attributes else None
-            entry = _Watched(span, learner, threshold, start,
-                             thread_id if isinstance(thread_id, int) else threading.get_ident(), parent_context)
+            entry = _Watched(span, learner, threshold, now, threading.get_ident(), parent_context)
+            if span.name in _AFTER_THE_FACT:
+                # Started by the device timeline once the device began the step (or once the gap was
+                # long): watched from its own start time, with the training thread's stack first.
+                entry.after_the_fact = True
+                entry.start = now - max(0.0, (time.time_ns() - (span.start_time or 0)) / 1e9)
+                entry.deadline = entry.start + threshold.seconds
+                thread_id = attributes.get(sc.THREAD_ID) if attributes else None
+                if isinstance(thread_id, int):
+                    entry.thread_id = thread_id
             self._open[span.context.span_id] = entry
             if self._thread is None:
                 self._start_watcher()
@@ -303,7 +311,8 @@ class StuckSpanProcessor(SpanProcessor):
                 with self._cond:
                     self._cond.notify()
             if self._slot is not None:
-                self._slot.begin(span, parent_context, entry.start, threshold.seconds)
+                with self._slot_lock:  # the training thread and the device timeline's both write it
+                    self._slot.begin(span, parent_context, entry.start, threshold.seconds)
         except Exception:  # noqa: BLE001 - never raise into training
             _log_internal("on_start")
 
@@ -313,10 +322,11 @@ class StuckSpanProcessor(SpanProcessor):
             if entry is None:
                 return
             elapsed = time.monotonic() - entry.start
-            if span.start_time and span.end_time and span.end_time >= span.start_time:
-                elapsed = (span.end_time - span.start_time) / 1e9  # exact for spans ended after the fact
+            if entry.after_the_fact and span.start_time and span.end_time and span.end_time >= span.start_time:
+                elapsed = (span.end_time - span.start_time) / 1e9  # its device times, not when we saw them
             if self._slot is not None:
-                self._slot.end(span.context.span_id)  # type: ignore[union-attr]
+                with self._slot_lock:
+                    self._slot.end(span.context.span_id)  # type: ignore[union-attr]
             if entry.count:
                 # The alert span is ended here, so it is queued before the stuck span's own export
                 # and a shutdown right after cannot lose it; callbacks and the flush are left to
@@ -516,6 +526,8 @@ _MISSING = object()
 #: Spans judged by the rule of the span they time, when no rule names them: a step's device
 #: execution by the step's threshold (each keeps its own learned history).
 _TIMED_AS = {sc.SPAN_DEVICE_STEP: sc.SPAN_STEP}
+#: Spans the device timeline starts after the fact, backdated (events/device.py).
+_AFTER_THE_FACT = frozenset({sc.SPAN_DEVICE_STEP, sc.SPAN_BETWEEN_STEPS})
 _instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
 
 

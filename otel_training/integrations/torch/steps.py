@@ -90,6 +90,7 @@ class StepTracker:
         self._just_closed = False
         self._forward_handle: Any = None
         self._telemetry: Any = None
+        self._awaiting_input = False
         self._reset()
 
     def _reset(self) -> None:
@@ -144,7 +145,8 @@ class StepTracker:
         return self._step is not None
 
     # -- opening and closing ----------------------------------------------
-    def _open(self) -> None:
+    def _open(self, awaiting_input: bool = False) -> None:
+        """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``."""
         self._disarm_forward()
         self._just_closed = False
         rt = runtime()
@@ -153,9 +155,10 @@ class StepTracker:
             rt.telemetry.on_shutdown(self.close)
         step = self.trainer.step(global_step=self._number, **{sc.INSTRUMENTATION_SOURCE: SOURCE})
         ctx = contextvars.copy_context()
-        ctx.run(step.begin)
+        ctx.run(step.begin_awaiting_input if awaiting_input else step.begin)
         self._start_ns = time.time_ns()
         self._step, self._ctx = step, ctx
+        self._awaiting_input = awaiting_input
 
     @contained(default=None)
     def close(self) -> None:
@@ -224,7 +227,7 @@ class StepTracker:
         if self._mine():
             self._boundary(fetch=True)
             if self._step is None and torch.is_grad_enabled() and not exhausted:
-                self._open()
+                self._open(awaiting_input=True)
             self._fetched = self._step is not None
         return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
 
@@ -237,6 +240,9 @@ class StepTracker:
         step = self._step if threading.get_ident() == self._owner else None
         if step is not None:
             self._wait_ns += ended - started
+            if self._awaiting_input:  # the batch is in: the step's device work may begin
+                self._awaiting_input = False
+                step.input_ready()
         if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None and not isinstance(error, StopIteration)):
             record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
                         parent=step.span if step is not None else None, error=error)
