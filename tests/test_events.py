@@ -462,3 +462,36 @@ def test_big_integers_and_lone_surrogates_are_kept_as_text(configure, caplog: py
     assert instant["name"] == "#caf\\udce9" and instant["attributes"]["training.content.name"] == "x\\ud800y"
     assert info["attributes"][sc.LOG_MESSAGE] == "message \\udce9"
     assert not [record for record in caplog.records if "encode" in record.getMessage()]
+
+
+def test_an_error_whose_str_raises_still_fails_and_ends_the_span(configure) -> None:
+    # Issue 13 item 3: fail(obj) and an exception leaving a with block, where str() raises.
+    import otel_training
+    from otlp_json import read_spans
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str for you")
+
+    class Weird:
+        def __str__(self) -> str:
+            raise RuntimeError("nor for you")
+
+    telemetry = configure()
+    trainer = otel_training.TrainerProcess()
+    with trainer.epoch(epoch=0):
+        step = trainer.step(global_step=0).begin()
+        step.fail(Weird())
+        with pytest.raises(Unprintable):
+            with trainer.step(global_step=1):
+                raise Unprintable()
+        with trainer.step(global_step=2):
+            pass
+    assert telemetry.force_flush(5).completed
+    spans = {s["attributes"].get("training.step"): s for s in read_spans(telemetry.trace_path)
+             if s["name"] == "training.step"}
+    assert sorted(spans) == [0, 1, 2]
+    assert spans[0]["status"]["code"] == 2 and spans[1]["status"]["code"] == 2
+    assert spans[1]["attributes"]["error.type"] == "test_an_error_whose_str_raises_still_fails_and_ends_the_span.<locals>.Unprintable"
+    epoch = next(s for s in read_spans(telemetry.trace_path) if s["name"] == "training.epoch")
+    assert spans[2]["parent_id"] == epoch["span_id"]  # not an orphan under a step that never ended

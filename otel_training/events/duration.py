@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
-from otel_training.events.attributes import to_attributes
+from otel_training.events.attributes import text, to_attributes
 from otel_training.events import device as _device
 from otel_training.events import runtime as _runtime_module
 from otel_training.events.runtime import EventsRuntime, runtime
@@ -72,8 +72,9 @@ class Duration:
         attributes: dict[str, Any] | None = None,
     ) -> None:
         self._process = process
-        self.name = name
-        self.event_name = event_name or name
+        # Names become span names and attributes: a lone surrogate would lose the span at export.
+        self.name = name if type(name) is str and name.isascii() else text(name)
+        self.event_name = event_name or self.name
         attrs = {sc.EVENT_TARGET: process.target, sc.EVENT_NAME: self.event_name}
         if attributes:
             attrs.update(attributes)
@@ -164,7 +165,8 @@ class Duration:
             if self._segment is not None:
                 self._end_segment()
             span.end()
-            if span.parent is None and _runtime_module._runtime is not None:
+            # A NonRecordingSpan (OTEL_SDK_DISABLED) has no parent attribute.
+            if getattr(span, "parent", None) is None and _runtime_module._runtime is not None:
                 _runtime_module._runtime.forget(span.get_span_context().trace_id)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
             log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
@@ -385,11 +387,15 @@ class HostWork(Duration):
 
 
 def _record_error(span: Span, error: BaseException | str | None) -> None:
+    """Status ERROR first, then the details: an exception whose ``__str__`` raises still fails the span."""
     if isinstance(error, BaseException):
-        span.record_exception(error, escaped=True)
         span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
+        span.set_status(Status(StatusCode.ERROR, text(f"{type(error).__name__}: {text(error)}"[:512])))
+        try:
+            span.record_exception(error, escaped=True)
+        except Exception:  # noqa: BLE001 - the SDK calls str(error); the status above already says it failed
+            log_once("record_exception", "otel_training: could not record an exception's details", exc_info=False)
     else:
-        message = "" if error is None else str(error)[:512]
+        message = "" if error is None else text(error)[:512]
         span.set_attribute(sc.ERROR_TYPE, "error")
         span.set_status(Status(StatusCode.ERROR, message or None))

@@ -124,7 +124,15 @@ def runtime() -> EventsRuntime:
     if current is not None and current.telemetry is telemetry:
         return current
     with _runtime_lock:
-        telemetry = _telemetry.get_telemetry() or _telemetry.configure()
+        telemetry = _telemetry.get_telemetry()
+        if telemetry is None:
+            try:
+                telemetry = _telemetry.configure()
+            except Exception:
+                # configure() logged it once and installed a disabled stand-in: use that.
+                telemetry = _telemetry.get_telemetry()
+                if telemetry is None:
+                    raise
         if _runtime is None or _runtime.telemetry is not telemetry:
             _runtime = EventsRuntime(telemetry)
         return _runtime
