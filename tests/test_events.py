@@ -495,3 +495,19 @@ def test_an_error_whose_str_raises_still_fails_and_ends_the_span(configure) -> N
     assert spans[1]["attributes"]["error.type"] == "test_an_error_whose_str_raises_still_fails_and_ends_the_span.<locals>.Unprintable"
     epoch = next(s for s in read_spans(telemetry.trace_path) if s["name"] == "training.epoch")
     assert spans[2]["parent_id"] == epoch["span_id"]  # not an orphan under a step that never ended
+
+
+def test_sdk_disabled_logs_no_internal_error(configure, monkeypatch, caplog) -> None:
+    # Issue 13 item 17: with OTEL_SDK_DISABLED=true spans are NonRecordingSpans, which have no parent.
+    import logging
+
+    import otel_training
+
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    configure()
+    trainer = otel_training.TrainerProcess()
+    with caplog.at_level(logging.DEBUG, logger="otel_training"):
+        with trainer.epoch(epoch=0):
+            with trainer.step(global_step=0):
+                pass
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()], caplog.text
