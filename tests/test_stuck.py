@@ -369,3 +369,21 @@ def test_fork_child_neither_inherits_the_watcher_nor_duplicates_alerts(tmp_path:
     )
     assert result.returncode == 0, result.stderr
     assert "child 0 parent 1" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_huge_threshold_does_not_kill_the_watcher(pipeline: Callable[..., Pipeline]) -> None:
+    # Issue 13 item 7: a deadline 1e9 s away made the watcher's wait overflow and die, silencing every name.
+    p = pipeline(threshold_s=1e9, span_names={sc.SPAN_STEP: None, "fast": 0.1})  # "fast": 1 s at first
+    slow = p.tracer.start_span(sc.SPAN_STEP)
+    fast = p.tracer.start_span("fast")
+    wait_for(lambda: p.alerts(sc.ALERT_KIND_STUCK))
+    assert [span.attributes[sc.ALERT_SPAN_NAME] for span in p.alerts(sc.ALERT_KIND_STUCK)] == ["fast"]
+    fast.end()
+    slow.end()
+
+
+def test_thresholds_below_the_floor_are_refused() -> None:
+    for kwargs in ({"threshold_s": 0.0}, {"threshold_s": 1.0, "escalation_s": 0.001},
+                   {"span_names": {"training.step": 0.0}}):
+        with pytest.raises(ValueError, match="0.01"):
+            StuckSpanProcessor(**kwargs)

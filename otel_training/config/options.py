@@ -149,6 +149,17 @@ def _positive(parse: Callable[[Any], int], maximum: int) -> Callable[[Any], int]
     return parse_positive
 
 
+def _parse_stuck_seconds(value: Any) -> float:
+    """A stuck threshold or escalation interval: at least ``MIN_THRESHOLD_S``, at most a week."""
+    from otel_training.processors.stuck import MIN_THRESHOLD_S
+
+    seconds = _parse_seconds(value)
+    if seconds < MIN_THRESHOLD_S:
+        raise ValueError(f"expected at least {MIN_THRESHOLD_S} s (shorter, a stuck span raises alerts every "
+                         "few milliseconds)")
+    return seconds
+
+
 def _parse_span_rules(value: Any) -> tuple[str, ...]:
     names = _parse_str_list(value)
     from otel_training.processors.stuck import parse_span_names  # the one grammar of "name=seconds"
@@ -240,7 +251,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("dlrover_log_queue_size", _positive(_parse_int, MAX_SIZE), 8192,
            "Bound of the DLRover log writer queue; lines past it are dropped and counted."),
     # Stuck-step detection (see docs/stuck-detection.md).
-    Option("stuck_threshold_s", _optional(_parse_seconds), None,
+    Option("stuck_threshold_s", _optional(_parse_stuck_seconds), None,
            "Alert when a watched span stays open longer than this. Unset and not adaptive: detection off."),
     Option("stuck_span_names", _parse_span_rules, ("training.step",),
            'Span names (or fnmatch patterns, optionally "name=seconds") the stuck detector watches.'),
@@ -249,7 +260,7 @@ OPTIONS: tuple[Option, ...] = (
            'What to do on a stuck alert besides reporting it: "none", "exit" or "signal".'),
     Option("stuck_exit_code", _parse_exit_code, 75, 'Exit code of the "exit" stuck action.'),
     Option("stuck_signal", _parse_signal, "SIGTERM", 'Signal sent to the process by the "signal" stuck action.'),
-    Option("stuck_escalation_s", _optional(_parse_seconds), None,
+    Option("stuck_escalation_s", _optional(_parse_stuck_seconds), None,
            "Repeat the stuck alert every this many seconds while the span stays open (default: the threshold)."),
     Option("watchdog", _parse_bool, False,
            "Start a sidecar watchdog process that reports frozen (GIL held) or killed training processes."),

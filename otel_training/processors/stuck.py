@@ -54,6 +54,11 @@ from otel_training.processors.thresholds import AdaptiveSettings, Threshold, Thr
 logger = logging.getLogger("otel_training")
 
 DEFAULT_SPAN_NAMES = (sc.SPAN_STEP,)
+#: Shortest threshold and escalation interval: below this a stuck span raises alerts every few
+#: milliseconds (thousands of spans a second) and keeps a core busy doing it.
+MIN_THRESHOLD_S = 0.01
+#: The watcher wakes at least this often, however far the next deadline (a wait of 1e9 s overflows).
+_MAX_WAIT_S = 3600.0
 #: The first span of a name may take this many times the threshold (DLRover: 120 vs 10 minutes).
 DEFAULT_FIRST_FACTOR = 10.0
 MAX_STACK_CHARS = 16_384
@@ -128,8 +133,9 @@ def parse_span_names(span_names: Iterable[str] | Mapping[str, float | None]) -> 
             value = float(seconds)
         except (TypeError, ValueError):
             raise ValueError(f"threshold {seconds!r} of {name!r} is not a number of seconds") from None
-        if not value >= 0 or value == float("inf"):
-            raise ValueError(f"threshold {seconds!r} of {name!r} must be a finite number of seconds >= 0")
+        if not value >= MIN_THRESHOLD_S or value == float("inf"):
+            raise ValueError(f"threshold {seconds!r} of {name!r} must be a finite number of seconds "
+                             f">= {MIN_THRESHOLD_S}")
         rules[name] = value
     return rules
 
@@ -171,6 +177,10 @@ class StuckSpanProcessor(SpanProcessor):
         self._rules = parse_span_names(span_names)
         if threshold_s is None and not adaptive and any(value is None for value in self._rules.values()):
             raise ValueError("StuckSpanProcessor needs threshold_s, per-name thresholds or adaptive=True")
+        for label, value in (("threshold_s", threshold_s), ("first_threshold_s", first_threshold_s),
+                             ("escalation_s", escalation_s)):
+            if value is not None and not (MIN_THRESHOLD_S <= value < math.inf):
+                raise ValueError(f"{label}={value!r}: expected a finite number of seconds >= {MIN_THRESHOLD_S}")
         if action not in ("none", "exit", "signal"):
             raise ValueError(f"action must be 'none', 'exit' or 'signal', not {action!r}")
         self._threshold_s = threshold_s
@@ -366,7 +376,7 @@ class StuckSpanProcessor(SpanProcessor):
                     if due or self._recovered:
                         break
                     self._wake_at = earliest
-                    cond.wait(None if earliest == math.inf else earliest - now)
+                    cond.wait(min(earliest - now, _MAX_WAIT_S))
             for entry in due:
                 self._guarded(self._stuck, entry, now)
             while self._recovered:
