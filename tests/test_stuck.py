@@ -375,6 +375,7 @@ def test_a_huge_threshold_does_not_kill_the_watcher(pipeline: Callable[..., Pipe
     # Issue 13 item 7: a deadline 1e9 s away made the watcher's wait overflow and die, silencing every name.
     p = pipeline(threshold_s=1e9, span_names={sc.SPAN_STEP: None, "fast": 0.1})  # "fast": 1 s at first
     slow = p.tracer.start_span(sc.SPAN_STEP)
+    wait_for(lambda: p.processor._wake_at != float("inf"))  # the watcher now sleeps towards that deadline
     fast = p.tracer.start_span("fast")
     wait_for(lambda: p.alerts(sc.ALERT_KIND_STUCK))
     assert [span.attributes[sc.ALERT_SPAN_NAME] for span in p.alerts(sc.ALERT_KIND_STUCK)] == ["fast"]
