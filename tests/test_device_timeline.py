@@ -126,6 +126,11 @@ def test_a_stalled_kernel_is_alerted_on_its_own_step_then_recovered(configure, f
     assert THRESHOLD_S <= late_s < THRESHOLD_S + 2.0
     assert alert[sc.ALERT_ELAPSED_S] >= THRESHOLD_S
     assert [event.kind for event in alerts.events] == ["stuck", "recovered"]
+    # The report says which step, on which device.
+    from otel_training.report.summary import render_summary
+
+    summary = render_summary(build_report(read_paths([telemetry.trace_path]).records))
+    assert "training.device_step step 12 on fake:0 stuck after" in summary
 
 
 def test_the_host_blocked_inside_a_later_step_raises_no_alert_of_its_own(configure, fake) -> None:

@@ -246,7 +246,7 @@ def _alerts(report: JobReport) -> str:
     for alert in report.alerts:
         when = datetime.fromtimestamp(alert.time_ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         elapsed = "" if alert.elapsed_s is None else f" after {alert.elapsed_s:.1f} s"
-        title = f"{when} — rank {alert.rank}, restart {alert.restart}: {alert.span_name or 'span'} {alert.kind}{elapsed}"
+        title = f"{when} — rank {alert.rank}, restart {alert.restart}: {alert.about} {alert.kind}{elapsed}"
         stacks = f"<pre>{html.escape(alert.stacks)}</pre>" if alert.stacks else ""
         items.append(f"<details{' open' if stacks else ''}><summary>{html.escape(title)}</summary>{stacks}</details>")
     return "".join(items)

@@ -33,6 +33,17 @@ class Alert:
     elapsed_s: float | None
     threshold_s: float | None
     stacks: str
+    #: What the alert is about, where known: the step, and the device a device step ran on.
+    step: int | None = None
+    device: str = ""
+
+    @property
+    def about(self) -> str:
+        """"training.device_step step 80 on cuda:0": the span, its step and device."""
+        text = self.span_name or "span"
+        if self.step is not None:
+            text += f" step {self.step}"
+        return f"{text} on {self.device}" if self.device else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +76,10 @@ class JobReport:
         return [score.rank for score in self.stragglers if score.straggler]
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _float(value: object) -> float | None:
     try:
         return float(value)  # type: ignore[arg-type]
@@ -95,6 +110,8 @@ def build_report(
                 elapsed_s=_float(attributes.get(sc.ALERT_ELAPSED_S)),
                 threshold_s=_float(attributes.get(sc.ALERT_THRESHOLD_S)),
                 stacks=str(attributes.get(sc.ALERT_STACKS, "")),
+                step=_int(attributes.get(sc.STEP)),
+                device=str(attributes.get(sc.DEVICE, "")),
             ))
     steps.sort(key=lambda step: (step.rank, step.start_ns))
     alerts.sort(key=lambda alert: alert.time_ns)

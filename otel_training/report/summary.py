@@ -66,7 +66,7 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
         for alert in report.alerts:
             elapsed = "" if alert.elapsed_s is None else f" after {alert.elapsed_s:.1f} s"
             threshold = "" if alert.threshold_s is None else f" (threshold {alert.threshold_s:.1f} s)"
-            add(f"  rank {alert.rank} restart {alert.restart}: {_safe(alert.span_name or 'span')} {_safe(alert.kind)}"
+            add(f"  rank {alert.rank} restart {alert.restart}: {_safe(alert.about)} {_safe(alert.kind)}"
                 f"{elapsed}{threshold}")
             stack_lines = alert.stacks.splitlines()
             for stack_line in stack_lines[:max_stack_lines]:
