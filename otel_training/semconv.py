@@ -49,6 +49,9 @@ SERVICE_NAME: Final = "service.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
 HOST_NAME: Final = "host.name"
 PROCESS_PID: Final = "process.pid"
+#: When the process was created (OpenTelemetry's key; ISO 8601, here to the nanosecond): a life's
+#: time starts there, so a life killed without warning keeps its start-up in the report.
+PROCESS_CREATION_TIME: Final = "process.creation.time"
 K8S_POD_NAME: Final = "k8s.pod.name"
 
 # --------------------------------------------------------------------------
@@ -256,6 +259,8 @@ BADPUT_BUCKET: Final = "training.badput.bucket"
 BADPUT_INITIALIZATION: Final = "initialization"
 BADPUT_TRAINING_PREP: Final = "training_prep"
 BADPUT_PROGRAM_STARTUP: Final = "program_startup"
+#: The first step's excess over the ideal step time (compilation, warm-up, autotuning), per life.
+BADPUT_COMPILATION: Final = "compilation"
 BADPUT_DATA_LOADING: Final = "data_loading"
 BADPUT_CHECKPOINT_SAVE: Final = "checkpoint_save"
 BADPUT_CHECKPOINT_RESTORE: Final = "checkpoint_restore"

@@ -195,8 +195,8 @@ def test_goodput_follows_the_device_not_the_host_waits(configure, fake, tmp_path
     assert not read.problems
     report = build_report(read.records)
     goodput = report.goodput
-    # Warm-up (before the first step) aside, the device was busy with training all along.
-    assert goodput.goodput is not None and goodput.goodput >= 0.90, goodput.seconds
+    # Start-up aside, the device was busy with training all along.
+    assert goodput.training_goodput is not None and goodput.training_goodput >= 0.90, goodput.seconds
     assert goodput.badput[sc.BADPUT_DATA_LOADING] <= 0.05 * goodput.total_s, goodput.seconds
     assert report.job_steps is not None
     assert report.job_steps.median == pytest.approx(true_step_s, rel=0.05)
@@ -474,7 +474,7 @@ def test_a_data_bound_loop_is_data_loading_not_device_time(configure, fake) -> N
     result = account(read_paths([telemetry.trace_path]).records)
     waits = sum(s["attributes"][sc.STEP_DATA_WAIT_S] for s in named(spans, sc.SPAN_STEP))
     assert result.seconds[sc.BADPUT_DATA_LOADING] == pytest.approx(waits, rel=0.2)
-    assert result.goodput is not None and result.goodput < 0.5
+    assert result.training_goodput is not None and result.training_goodput < 0.5
 
 
 def test_checkpoints_evaluation_and_teardown_are_not_gaps(configure, fake) -> None:

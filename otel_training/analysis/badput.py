@@ -25,6 +25,7 @@ PRODUCTIVE = "productive"
 #: Badput buckets, in the order reports list them.
 BUCKETS: tuple[str, ...] = (
     sc.BADPUT_PROGRAM_STARTUP,
+    sc.BADPUT_COMPILATION,
     sc.BADPUT_INITIALIZATION,
     sc.BADPUT_TRAINING_PREP,
     sc.BADPUT_DATA_LOADING,
@@ -107,14 +108,15 @@ STEP_SPAN_NAMES: frozenset[str] = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 class Timeline:
     """Nanoseconds of one run by label, folded up to a point in time."""
 
-    def __init__(self, start_ns: int, *, after_failure: bool = False) -> None:
+    def __init__(self, start_ns: int, *, after_restart: bool = False) -> None:
         self.folded_until = start_ns
         self.first_step_ns: int | None = None
         #: End of the run's training loop (its ``training.train`` span): uncovered time after it is
         #: "other" (teardown), before it "host_outside_steps".
         self.train_end_ns: int | None = None
         self.totals: defaultdict[str, int] = defaultdict(int)
-        self._before_first_step = sc.BADPUT_RECOVERY if after_failure else sc.BADPUT_PROGRAM_STARTUP
+        # The job's first life starts up; every later one recovers (after a failure or not).
+        self._before_first_step = sc.BADPUT_RECOVERY if after_restart else sc.BADPUT_PROGRAM_STARTUP
         self._pending: list[tuple[int, int, int]] = []
 
     def add(self, label: str, start_ns: int, end_ns: int, *, is_step: bool = False) -> None:

@@ -8,7 +8,9 @@ and straggler scoring serve the running job and the post-mortem report alike.
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,15 +25,23 @@ class RunKey:
     rank: int
     restart: int
     run_id: str
+    #: The process (``service.instance.id``, new in every process): two lives that a launcher gave
+    #: the same run id (a pod re-created with restart count 0) are still two lives.
+    instance: str = ""
+    #: When the process was created (``process.creation.time``), 0 if unknown: the life's time starts
+    #: there even if it was killed before it ended any span of its start-up.
+    created_ns: int = 0
 
     @classmethod
     def from_resource(cls, resource: Mapping[str, Any]) -> RunKey:
+        instance = str(resource.get(sc.SERVICE_INSTANCE_ID) or "")
         return cls(
             job_id=str(resource.get(sc.TRAINING_JOB_ID, "")),
             rank=_int(resource.get(sc.TRAINING_RANK), 0),
             restart=_int(resource.get(sc.TRAINING_RESTART_COUNT), 0),
-            # Without a run id, the process instance tells two lives apart.
-            run_id=str(resource.get(sc.TRAINING_RUN_ID) or resource.get(sc.SERVICE_INSTANCE_ID) or ""),
+            run_id=str(resource.get(sc.TRAINING_RUN_ID) or instance),
+            instance=instance,
+            created_ns=creation_time_ns(resource) or 0,
         )
 
 
@@ -66,3 +76,23 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def iso_ns(ns: int) -> str:
+    """UTC ISO 8601 with nanoseconds: ``2026-11-23T10:55:11.123456789Z``."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{fraction:09d}Z"
+
+
+def creation_time_ns(resource: Mapping[str, Any]) -> int | None:
+    """``process.creation.time`` of a resource as wall-clock ns, or None (absent or not ISO 8601)."""
+    value = resource.get(sc.PROCESS_CREATION_TIME)
+    if not isinstance(value, str):
+        return None
+    try:
+        whole, _, fraction = value.rstrip("Z").partition(".")
+        seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+        digits = (fraction + "000000000")[:9] if fraction.isdigit() else "0"
+        return seconds * 1_000_000_000 + int(digits)
+    except (ValueError, OverflowError):
+        return None

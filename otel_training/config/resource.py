@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from urllib.parse import unquote
 from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
+from otel_training.analysis.records import iso_ns
 from otel_training.config.options import MAX_INT64, OPTIONS_BY_NAME, ConfigError
 from otel_training.events.attributes import text
 
@@ -82,6 +84,26 @@ def from_otel_variables(environ: Mapping[str, str]) -> dict[str, Any]:
     return attributes
 
 
+#: torchrun's ``--rdzv-id`` default: every launch without one says "none", so it names no job.
+TORCHRUN_PLACEHOLDER_RUN_ID = "none"
+
+
+def _launch_id(environ: Mapping[str, str]) -> str:
+    """A job id for a torchrun launch that gave none: shared by its ranks, new for every launch.
+
+    The ranks of one launch are children of one torchrun agent: its host, pid and start time name
+    the launch (ranks on other nodes get their own: pass ``--rdzv-id`` or ``OTEL_TRAINING_JOB_ID``
+    for a multi-node job, and to keep one job id across restarts).
+    """
+    agent = os.getppid()
+    try:
+        with open(f"/proc/{agent}/stat", "rb") as stat:
+            started = stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        started = "0"
+    return f"torchrun-{socket.gethostname()}-{agent}-{started}"
+
+
 def detect_training_identity(environ: Mapping[str, str]) -> dict[str, Any]:
     """Training attributes from torchrun, Slurm, DLRover and Kubernetes variables."""
     identity: dict[str, Any] = {
@@ -92,6 +114,8 @@ def detect_training_identity(environ: Mapping[str, str]) -> dict[str, Any]:
         sc.TRAINING_RESTART_COUNT: _int(environ, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"),
         sc.TRAINING_JOB_ID: _str(environ, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "ELASTIC_JOB_NAME", "DLROVER_JOB_NAME"),
     }
+    if identity[sc.TRAINING_JOB_ID] == TORCHRUN_PLACEHOLDER_RUN_ID:
+        identity[sc.TRAINING_JOB_ID] = _launch_id(environ)
     # Kubernetes sets HOSTNAME to the pod name; elsewhere HOSTNAME is just the host.
     pod = environ.get("POD_NAME") or (environ.get("HOSTNAME") if environ.get("KUBERNETES_SERVICE_HOST") else None)
     if pod:
@@ -132,6 +156,9 @@ def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None
     attributes[sc.SERVICE_INSTANCE_ID] = uuid.uuid4().hex
     attributes[sc.HOST_NAME] = socket.gethostname()
     attributes[sc.PROCESS_PID] = os.getpid()
+    created = process_start_ns()
+    if created is not None:
+        attributes[sc.PROCESS_CREATION_TIME] = iso_ns(created)
     attributes[sc.SERVICE_NAME] = options.get("service_name") or DEFAULT_SERVICE_NAME
     # Precedence: detection < OTEL_RESOURCE_ATTRIBUTES < explicit options; and for
     # service.name: default < service_name option < OTEL_SERVICE_NAME.
@@ -144,3 +171,19 @@ def build_resource(options: Mapping[str, Any], environ: Mapping[str, str] | None
     # every export would drop (with a traceback): escape them once, here.
     return Resource({text(key): text(value) if isinstance(value, str) else value
                      for key, value in resource.attributes.items()}, resource.schema_url)
+
+
+def process_start_ns() -> int | None:
+    """Wall-clock ns at which this process was created, from the OS (Linux, 10 ms), or None.
+
+    A life's start-up begins there, not at ``configure()``: imports, CUDA and NCCL set-up before
+    it are start-up too, and are what a restart costs again.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        started_after_boot_ns = int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")  # field 22
+        since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        return time.time_ns() - (since_boot_ns - started_after_boot_ns)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

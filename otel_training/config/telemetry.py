@@ -36,6 +36,7 @@ from otel_training._contain import contained, log_once
 from otel_training._files import DIR_MODE
 from otel_training.config import otel_env
 from otel_training.config.options import OPTIONS, ConfigError, resolve
+from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
 from otel_training.exporters.factory import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
@@ -152,6 +153,9 @@ class Telemetry:
         self._on_shutdown: list[Callable[[], None]] = []
         #: ``time.monotonic()`` by which the shutdown in progress must return (None before one).
         self.shutdown_deadline: float | None = None
+        #: Wall-clock ns at which this process was created (the resource's ``process.creation.time``,
+        #: from the OS; else now): where this life's time starts, live as in the report.
+        self.process_start_ns: int = creation_time_ns(self.resource.attributes) or time.time_ns()
         self._metric_exporter: MetricExporter | None = None
 
         # A stand-in for a failed configuration reads none of the environment that failed
@@ -356,6 +360,7 @@ def _install_plugins(telemetry: Telemetry) -> None:
                 evaluation_is_productive=telemetry.options["evaluation_is_productive"],
                 ideal_step_time_s=telemetry.options["ideal_step_time_s"],
                 after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]
+                origin_ns=telemetry.process_start_ns,
             )
         )
     for plugin in _plugins:

@@ -41,6 +41,7 @@ of the metrics, counted in ``dropped`` and logged once. With no metric reader
 
 from __future__ import annotations
 
+import array
 import collections
 import threading
 import time
@@ -56,7 +57,6 @@ from otel_training._contain import contained, log_once
 from otel_training.analysis import (
     BUCKETS,
     LABELLED_SPAN_NAMES,
-    MIN_STEPS,
     PRODUCTIVE,
     RunAccountant,
     RunKey,
@@ -64,14 +64,11 @@ from otel_training.analysis import (
 )
 from otel_training.analysis import ideal_step_time as derive_ideal
 from otel_training.analysis import times_step
+from otel_training.analysis.goodput import with_compilation
 
 _STEP_NAMES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 
 _RUN = RunKey("", 0, 0, "")
-#: Steps kept for deriving the ideal step time (the most recent ones).
-IDEAL_WINDOW = 1000
-#: After the first derivation at MIN_STEPS, the ideal is re-derived every this many steps.
-IDEAL_EVERY = 100
 #: Spans the processor queues: those whose time gets a label, alerts (stuck/recovered), and the
 #: training loop (uncovered time after it is "other", before it "host_outside_steps").
 _QUEUED = LABELLED_SPAN_NAMES | {sc.SPAN_ALERT, sc.SPAN_TRAIN}
@@ -92,15 +89,18 @@ class GoodputSpanProcessor(SpanProcessor):
         after_restart: bool = False,
         max_pending: int = 20_000,
         clock: Callable[[], int] = time.time_ns,
+        origin_ns: int | None = None,
     ) -> None:
         self._evaluation_is_productive = evaluation_is_productive
         self._configured_ideal = ideal_step_time_s
         self.ideal_step_time_s: float | None = ideal_step_time_s
         self._clock = clock  # wall clock, like span timestamps
-        self.origin_ns = clock()
+        #: Where this life's time starts: the process's creation where known (``origin_ns``), so
+        #: start-up before ``configure()`` counts, as it does in the report.
+        self.origin_ns = clock() if origin_ns is None else origin_ns
         self.dropped = 0
         self._accountant = RunAccountant(
-            self.origin_ns, evaluation_is_productive=evaluation_is_productive, after_failure=after_restart
+            self.origin_ns, evaluation_is_productive=evaluation_is_productive, after_restart=after_restart
         )
         # Training thread -> collector: deque appends and pops are thread-safe.
         self._started: collections.deque[ReadableSpan] = collections.deque()
@@ -109,8 +109,9 @@ class GoodputSpanProcessor(SpanProcessor):
         # collector only: host steps timed on the device whose device span has not started yet,
         # by span id: their device time may still land after what would otherwise be settled.
         self._awaiting_device: dict[int, int] = {}
-        self._durations: collections.deque[float] = collections.deque(maxlen=IDEAL_WINDOW)
-        self._steps = 0
+        # Every step time of this life (8 bytes each): the ideal is derived from all of them at each
+        # collection, exactly as the report derives it from the same spans.
+        self._durations = array.array("d")
         self._settle_lock = threading.Lock()  # between collector callbacks only
 
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
@@ -196,12 +197,15 @@ class GoodputSpanProcessor(SpanProcessor):
                 self._accountant.add(_record(span))
                 if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
                     latest_step = self._record_step(span)
+            if latest_step is not None and self._configured_ideal is None:
+                self.ideal_step_time_s = derive_ideal(self._durations)
             if latest_step is not None and self.ideal_step_time_s is not None:
                 # A gauge keeps the last value: setting it for the latest step alone exports the same.
                 duration, context = latest_step
                 self._deviation.set(duration - self.ideal_step_time_s, context=context)
             self._accountant.fold(until)
-            return dict(self._accountant.timeline.totals)
+            return with_compilation(dict(self._accountant.timeline.totals), self._accountant.first_step,
+                                    self.ideal_step_time_s)
 
     def _record_step(self, span: ReadableSpan) -> tuple[float, Context]:
         """Record one step's histograms and update the ideal; (duration, exemplar context)."""
@@ -218,9 +222,6 @@ class GoodputSpanProcessor(SpanProcessor):
             if isinstance(samples, (int, float)) and not isinstance(samples, bool):
                 self._samples_rate.record(samples / duration, context=context)
         self._durations.append(duration)
-        self._steps += 1
-        if self._configured_ideal is None and (self._steps == MIN_STEPS or self._steps % IDEAL_EVERY == 0):
-            self.ideal_step_time_s = derive_ideal(list(self._durations))
         return duration, context
 
     @property
@@ -259,11 +260,24 @@ def _end_time(span: ReadableSpan) -> int:
     return span.end_time  # type: ignore[return-value]
 
 
+#: Attributes the accountant reads, by span name (alerts: all of them).
+_KEPT_ATTRIBUTES = {
+    sc.SPAN_STEP: (sc.STEP_DEVICE_TIMED,),
+    sc.SPAN_SAVE_CHECKPOINT: (sc.CHECKPOINT_STEP,),
+    sc.SPAN_LOAD_CHECKPOINT: (sc.CHECKPOINT_STEP,),
+}
+
+
 def _record(span: ReadableSpan) -> SpanRecord:
     """What the accountant needs of an ended span (built on the collector's thread)."""
+    attributes = span.attributes or {}
+    if span.name == sc.SPAN_ALERT:
+        kept = dict(attributes)
+    else:
+        kept = {key: attributes[key] for key in _KEPT_ATTRIBUTES.get(span.name, ()) if key in attributes}
     return SpanRecord(
         span.name, span.start_time, span.end_time, _RUN,  # type: ignore[arg-type]
-        attributes=dict(span.attributes or {}) if span.name == sc.SPAN_ALERT else {},
+        attributes=kept,
         span_id=format(span.context.span_id, "016x"),
         error=span.status.status_code is StatusCode.ERROR,
     )

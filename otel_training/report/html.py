@@ -23,6 +23,7 @@ from otel_training.report.summary import render_summary
 COLORS: dict[str, str] = {
     PRODUCTIVE: "#2ca02c",
     sc.BADPUT_PROGRAM_STARTUP: "#c7c7c7",
+    sc.BADPUT_COMPILATION: "#f7b6d2",
     sc.BADPUT_INITIALIZATION: "#9467bd",
     sc.BADPUT_TRAINING_PREP: "#c5b0d5",
     sc.BADPUT_DATA_LOADING: "#ff7f0e",
