@@ -96,7 +96,7 @@ def test_collector_has_exactly_the_manifest_components(stack_binaries):
     assert {"debug", "file", "prometheus", "load_balancing"} <= names["exporters"]
     assert {"otlp_grpc", "otlp_http"} <= names["exporters"] or {"otlp", "otlphttp"} <= names["exporters"]
     assert {"span_metrics", "count", "routing", "forward"} <= names["connectors"]
-    assert {"health_check"} <= names["extensions"]
+    assert {"health_check", "bearertokenauth"} <= names["extensions"]  # bearertokenauth: otlp-tls-auth.yaml
     assert comps["buildinfo"]["version"] == _manifest_version()
 
 
