@@ -373,3 +373,27 @@ def test_compose_services_listen_where_they_are_reached():
     for var in ("JAEGER_OTLP_GRPC_ENDPOINT", "JAEGER_QUERY_HTTP_ENDPOINT"):  # the collector's exporter, the published UI
         assert _host(jaeger[var]) == "0.0.0.0", var
     assert jaeger["JAEGER_METRICS_HOST"] == "0.0.0.0"  # scraped by Prometheus
+
+
+def test_native_stack_listens_on_loopback_only(tmp_path):
+    """scripts/stack/stack.py gives every process a loopback address: the collector
+    and Jaeger through their variables, Prometheus and Alertmanager through their
+    flags (which otherwise default to all interfaces), and no Alertmanager cluster port."""
+    import stack as stack_mod  # scripts/stack/stack.py, on sys.path via conftest
+
+    fake = Path("/nonexistent")
+    s = stack_mod.Stack(tmp_path, binaries=stack_mod.Binaries(fake, fake, fake, fake))
+    s._prepare()  # renders configs and builds argv/env; starts nothing
+    addresses = {}
+    for name, proc in s.procs.items():
+        for key, value in proc.env.items():
+            if key.startswith(("OTELCOL_", "JAEGER_")) and (key.endswith(("_ENDPOINT", "_HOST"))):
+                addresses[f"{name} {key}"] = value
+        for arg in proc.argv:
+            if arg.startswith(("--web.listen-address=", "--cluster.listen-address=")):
+                addresses[f"{name} {arg.split('=')[0]}"] = arg.split("=", 1)[1]
+    assert {"prometheus --web.listen-address", "alertmanager --web.listen-address", "collector OTELCOL_OTLP_GRPC_ENDPOINT",
+            "jaeger JAEGER_QUERY_HTTP_ENDPOINT"} <= set(addresses)
+    assert addresses.pop("alertmanager --cluster.listen-address") == ""  # gossip off
+    open_ = {k: v for k, v in addresses.items() if not _is_loopback(_host(v))}
+    assert open_ == {}, f"the native stack listens beyond loopback: {open_}"
