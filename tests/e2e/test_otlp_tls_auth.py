@@ -25,7 +25,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +60,10 @@ def _openssl(*args: str, cwd: Path) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA and a server certificate for 127.0.0.1/localhost, valid for a day."""
     if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed (needed to make the test's throwaway certificates)")
+        msg = "openssl not installed (needed to make the test's throwaway certificates)"
+        if os.environ.get("CI"):
+            pytest.fail(msg + " (CI is set: the CI machine must have it)", pytrace=False)
+        pytest.skip(msg)
     d = tmp_path_factory.mktemp("pki")
     d.chmod(0o700)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
@@ -163,13 +165,11 @@ def tls_collector(stack_binaries, pki: Pki, tmp_path_factory: pytest.TempPathFac
     for attempt in range(3):  # a port taken between choosing and binding it: retry on fresh ports
         proc, ports, log = _start_collector(stack_binaries.otelcol, run_dir, pki, token_file)
 
-        def healthy() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"collector exited with {proc.returncode}")
-            return stack_mod.http_get(f"http://127.0.0.1:{ports['health']}/", timeout=1.0)[0] == 200
+        def healthy_or_exited() -> bool:
+            return proc.poll() is not None or stack_mod.http_get(f"http://127.0.0.1:{ports['health']}/", timeout=1.0)[0] == 200
 
         try:
-            wait_until(lambda: proc.poll() is not None or healthy(), timeout=DEADLINE, what="the TLS collector's health check")
+            wait_until(healthy_or_exited, timeout=DEADLINE, what="the TLS collector's health check")
         except TimeoutError as exc:
             _stop(proc)
             pytest.fail(f"{exc}\n{log.read_text(errors='replace')[-3000:]}", pytrace=False)
@@ -261,14 +261,11 @@ def test_client_without_the_token_is_refused(tls_collector, pki, tmp_path, proto
     job_id = new_job_id("tls-refused")
     before = tls_collector.accepted_spans()
     env = _client_env(tls_collector, pki, job_id, protocol=protocol, headers=headers, scheme=scheme)
-    started = time.monotonic()
     result = _train(tmp_path, env)
     # The SDK counts every span as dropped; nothing was accepted by the collector.
     assert result["exported"] == 0, result
     assert result["dropped"] == result["spans_ended"], result
     assert tls_collector.accepted_spans() == before
-    if scheme == "https":  # refused at once (UNAUTHENTICATED / 401 are not retried)
-        assert time.monotonic() - started < DEADLINE / 2
 
 
 def test_overlay_refuses_to_start_without_its_settings(stack_binaries, tmp_path):
