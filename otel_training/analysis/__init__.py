@@ -9,7 +9,7 @@ from otel_training.analysis.badput import BUCKETS, LABELLED_SPAN_NAMES, PRODUCTI
 from otel_training.analysis.goodput import GoodputAccount, RunAccountant, RunSummary, account
 from otel_training.analysis.records import RunKey, SpanRecord
 from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats, times_step
-from otel_training.analysis.stragglers import StragglerScore, straggler_scores
+from otel_training.analysis.stragglers import StragglerScore, WindowScore, current_individual, straggler_scores
 
 __all__ = [
     "BUCKETS",
@@ -24,7 +24,9 @@ __all__ = [
     "StepStats",
     "StragglerScore",
     "Timeline",
+    "WindowScore",
     "account",
+    "current_individual",
     "ideal_step_time",
     "normal_threshold",
     "span_label",
