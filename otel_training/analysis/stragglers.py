@@ -25,10 +25,12 @@ takes the lower of the two). A median of ``window`` steps ignores fewer than
 half of them being slow, so one stuck step or first-step compilation names no
 one, while a slow stretch longer than ``window`` steps always is.
 
-Only whole windows are scored: a trailing remainder of fewer than ``window``
-steps waits, as the live gauge does, for the window to fill. A rank with fewer
-than ``window`` steps in all has one window of all of them, so short runs still
-get a relative score.
+The last window may be part of one: it is scored once it holds half a window
+(so the last steps of a run are not ignored: a rank slow for its last 20 of 60
+steps is named whatever the window from 10 to 20), and a rank with fewer steps
+than that has one window of all of them, so short runs still get a relative
+score. The live gauge cuts the steps it has seen the same way, so on the same
+steps it reads what the report reads.
 """
 
 from __future__ import annotations
@@ -84,11 +86,13 @@ class StragglerScore:
         return min(self.windows, key=lambda window: window.score, default=None)
 
 
-def _windows(durations: Sequence[float], window: int) -> list[tuple[int, int]]:
-    """(first, end) of each whole window; all the steps as one window when there are fewer than ``window``."""
-    if len(durations) < window:
-        return [(0, len(durations))] if durations else []
-    return [(first, first + window) for first in range(0, len(durations) - window + 1, window)]
+def _windows(count: int, window: int) -> list[tuple[int, int]]:
+    """(first, end) of each window of ``count`` steps: whole ones, then the rest once it is half a window."""
+    bounds = [(first, first + window) for first in range(0, count - window + 1, window)]
+    rest = count - len(bounds) * window
+    if rest and (not bounds or 2 * rest >= window):
+        bounds.append((count - rest, count))
+    return bounds
 
 
 def _ratio(reference: float, median: float) -> float:
@@ -101,17 +105,15 @@ def _check_window(window: int) -> None:
 
 
 def current_individual(durations: Sequence[float], window: int = WINDOW) -> float | None:
-    """The individual score of the latest whole window of one rank's steps, or None before one is whole.
+    """The individual score of the latest window of one rank's steps (None before its first step).
 
     For a live gauge: it needs only the rank's own steps, where the relative
     score needs every rank's. Fed this process's step durations in order, it is
     the report's figure for the same window.
     """
     _check_window(window)
-    if len(durations) < window:
-        return None
-    medians = [statistics.median(durations[first:end]) for first, end in _windows(durations, window)]
-    return _ratio(min(medians), medians[-1])
+    medians = [statistics.median(durations[first:end]) for first, end in _windows(len(durations), window)]
+    return _ratio(min(medians), medians[-1]) if medians else None
 
 
 def straggler_scores(
@@ -122,7 +124,7 @@ def straggler_scores(
 ) -> list[StragglerScore]:
     """Scores of every rank with steps, given each rank's step durations in the order they ran."""
     _check_window(window)
-    bounds = {rank: _windows(durations, window) for rank, durations in step_durations.items() if durations}
+    bounds = {rank: _windows(len(durations), window) for rank, durations in step_durations.items() if durations}
     medians = {rank: [statistics.median(step_durations[rank][first:end]) for first, end in spans]
                for rank, spans in bounds.items()}
     fastest: dict[int, float] = {}
