@@ -41,8 +41,9 @@ from collections.abc import Mapping, Sequence
 
 #: Score below which a rank is named a straggler (NVIDIA's default is 0.75 too).
 DEFAULT_THRESHOLD = 0.75
-#: Consecutive steps per report window (``--straggler-window``): the median of 10 ignores up to 4
-#: outlying steps, 20 steps make two windows, and the live gauge refreshes every 10 steps.
+#: Consecutive steps per report window (``--straggler-window``): a median of 10 ignores up to 4
+#: outlying steps (a stuck step, a compilation), a slow stretch of 11 steps is always caught, and a
+#: run of 20 steps already has a window to compare against.
 WINDOW = 10
 
 
