@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -84,9 +85,17 @@ class JobReport:
     def straggler_ranks(self) -> list[int]:
         return [score.rank for score in self.stragglers if score.straggler]
 
+    @functools.cached_property
+    def _rank_steps(self) -> dict[int, list[Step]]:
+        """Each rank's steps in the order they ran: the order straggler windows count them in."""
+        by_rank: defaultdict[int, list[Step]] = defaultdict(list)
+        for step in self.steps:
+            by_rank[step.rank].append(step)
+        return dict(by_rank)
+
     def window_steps(self, rank: int, window: WindowScore) -> tuple[Step, Step]:
         """The first and last step of a rank's straggler window: its training steps and times."""
-        rank_steps = [step for step in self.steps if step.rank == rank]
+        rank_steps = self._rank_steps[rank]
         return rank_steps[window.first], rank_steps[window.last]
 
     def window_label(self, rank: int, window: WindowScore) -> str:
