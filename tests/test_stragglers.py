@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from otel_training import semconv as sc
-from otel_training.analysis import RunKey, SpanRecord, current_individual, straggler_scores
+from otel_training.analysis import LiveIndividual, RunKey, SpanRecord, current_individual, straggler_scores
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
 from otel_training.cli.main import main
 from otel_training.report import build_report, render_summary
@@ -110,6 +110,8 @@ def test_a_window_that_is_not_a_positive_step_count_is_refused(window: object) -
         straggler_scores({0: [1.0] * 20}, window=window)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="straggler window"):
         current_individual([1.0] * 20, window=window)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="straggler window"):
+        LiveIndividual(window=window)  # type: ignore[arg-type]
 
 
 def test_the_live_individual_score_is_the_reports_latest_window_at_every_step() -> None:
@@ -125,6 +127,16 @@ def test_the_live_individual_score_is_the_reports_latest_window_at_every_step() 
     # Steps 40-59 are slow: the gauge drops at the 45th step, when the window of steps 40-49 is half full.
     assert min(seen[:44]) > DEFAULT_THRESHOLD
     assert max(seen[44:]) < DEFAULT_THRESHOLD
+
+
+@pytest.mark.parametrize("window", [1, 2, 7, 10, 16])
+def test_the_live_tracker_gives_the_pure_functions_score_at_every_step(window: int) -> None:
+    rng = random.Random(window)
+    durations = [rng.choice([1.0, 1.0, 1.0, 1.3, 2.0]) * rng.uniform(0.9, 1.1) for _ in range(150)]
+    live = LiveIndividual(window)
+    scores = [live.add(duration) for duration in durations]
+    assert scores == [current_individual(durations[:count], window) for count in range(1, len(durations) + 1)]
+    assert min(score for score in scores if score is not None) < 1.0  # the series did move the score
 
 
 T0 = 1_700_000_000 * 10**9

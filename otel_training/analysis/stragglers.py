@@ -117,6 +117,32 @@ def current_individual(durations: Sequence[float], window: int = WINDOW) -> floa
     return _ratio(min(medians), medians[-1]) if medians else None
 
 
+class LiveIndividual:
+    """``current_individual`` one step at a time, holding one window of steps and the best closed window.
+
+    A live processor sees every step of a long run: recomputing from all of
+    them would cost O(steps) per step, and keeping them O(steps) memory.
+    """
+
+    def __init__(self, window: int = WINDOW) -> None:
+        _check_window(window)
+        self.window = window
+        self._best: float | None = None  # best median of the whole windows closed so far
+        self._current: list[float] = []
+        self._score: float | None = None
+
+    def add(self, duration_s: float) -> float | None:
+        """Count one step; the rank's individual score now (what ``current_individual`` gives on the same steps)."""
+        self._current.append(duration_s)
+        if self._best is None or 2 * len(self._current) >= self.window:
+            median = statistics.median(self._current)
+            self._score = _ratio(median if self._best is None else min(self._best, median), median)
+            if len(self._current) == self.window:
+                self._best = median if self._best is None else min(self._best, median)
+                self._current = []
+        return self._score
+
+
 def straggler_scores(
     step_durations: Mapping[int, Sequence[float]],
     threshold: float = DEFAULT_THRESHOLD,
