@@ -176,6 +176,14 @@ def test_the_summary_counts_a_rank_steps_when_spans_carry_no_step_number() -> No
     assert "rank 1: relative 0.50 in window 3 of 3 (its steps #21-#30, 20.0-40.0 s into the job)" in summary
 
 
+def test_a_window_across_a_restart_names_the_restart_of_each_end() -> None:
+    # Rank 1 of the crafted job ran steps 0-12 before its crash and 12-21 after: its second window
+    # (its 11th to 20th steps) is steps 10-12 of restart 0 then 12-18 of restart 1.
+    report = build_report(crafted.records())
+    (_, across) = report.stragglers[1].windows
+    assert report.window_label(1, across) == "steps 10 (restart 0) to 18 (restart 1), 50.0-108.0 s into the job"
+
+
 def test_the_html_report_shows_the_window(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from otel_training.report import render_html

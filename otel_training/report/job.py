@@ -101,11 +101,14 @@ class JobReport:
     def window_label(self, rank: int, window: WindowScore) -> str:
         """"steps 40-59, 80.0-120.0 s into the job": where to look on the step-time plot.
 
-        Training step numbers where the spans carry them, else the rank's steps
-        counted from 1 in the order they ran (a restart's redone steps count again).
+        Training step numbers where the spans carry them (with the restart, for
+        a window across one: its steps run back to the restored checkpoint),
+        else the rank's steps counted from 1 in the order they ran.
         """
         first, last = self.window_steps(rank, window)
-        if first.step is not None and last.step is not None:
+        if first.step is not None and last.step is not None and first.restart != last.restart:
+            steps = f"steps {first.step} (restart {first.restart}) to {last.step} (restart {last.restart})"
+        elif first.step is not None and last.step is not None:
             steps = f"steps {first.step}-{last.step}"
         else:
             steps = f"its steps #{window.first + 1}-#{window.last + 1}"
