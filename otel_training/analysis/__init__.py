@@ -9,7 +9,13 @@ from otel_training.analysis.badput import BUCKETS, LABELLED_SPAN_NAMES, PRODUCTI
 from otel_training.analysis.goodput import GoodputAccount, RunAccountant, RunSummary, account
 from otel_training.analysis.records import RunKey, SpanRecord
 from otel_training.analysis.steps import MIN_STEPS, StepStats, ideal_step_time, normal_threshold, step_stats, times_step
-from otel_training.analysis.stragglers import StragglerScore, straggler_scores
+from otel_training.analysis.stragglers import (
+    LiveIndividual,
+    StragglerScore,
+    WindowScore,
+    current_individual,
+    straggler_scores,
+)
 
 __all__ = [
     "BUCKETS",
@@ -17,6 +23,7 @@ __all__ = [
     "MIN_STEPS",
     "PRODUCTIVE",
     "GoodputAccount",
+    "LiveIndividual",
     "RunAccountant",
     "RunKey",
     "RunSummary",
@@ -24,7 +31,9 @@ __all__ = [
     "StepStats",
     "StragglerScore",
     "Timeline",
+    "WindowScore",
     "account",
+    "current_individual",
     "ideal_step_time",
     "normal_threshold",
     "span_label",

@@ -30,11 +30,24 @@ def register(subparsers: Any) -> None:
                         help="ideal step time (default: mean of the normal steps)")
     parser.add_argument("--straggler-threshold", type=float, default=None, metavar="SCORE",
                         help="name ranks scoring below this (default: 0.75)")
+    parser.add_argument("--straggler-window", type=_window, default=None, metavar="STEPS",
+                        help="steps per straggler report window: each window of each rank is scored "
+                             "(default: 10)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="always show a progress bar while reading")
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show one")
     parser.set_defaults(handler=run)
+
+
+def _window(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of steps >= 1, not {text!r}")
+    return value
 
 
 def default_html_path(paths: list[str]) -> Path:
@@ -66,7 +79,7 @@ def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    from otel_training.analysis.stragglers import DEFAULT_THRESHOLD
+    from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
     from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
 
     if args.jaeger:
@@ -88,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         evaluation_is_productive=args.evaluation_is_productive,
         ideal_step_time_s=args.ideal_step_time,
         straggler_threshold=DEFAULT_THRESHOLD if args.straggler_threshold is None else args.straggler_threshold,
+        straggler_window=WINDOW if args.straggler_window is None else args.straggler_window,
     )
     print(render_summary(report))
     if not records:

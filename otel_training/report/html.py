@@ -230,14 +230,22 @@ def _rank_table(report: JobReport) -> str:
     for rank, stats in report.rank_steps.items():
         score = scores.get(rank)
         css = ' class="straggler"' if score and score.straggler else ""
+        worst = score.worst_window if score else None
+        where = "-" if worst is None else html.escape(report.window_label(rank, worst))
         rows.append(
             f"<tr{css}><td>rank {rank}</td><td>{stats.count}</td><td>{_ms(stats.median)}</td><td>{_ms(stats.p90)}</td>"
             f"<td>{_ms(stats.maximum)}</td><td>{_ms(stats.mean_deviation)}</td><td>{stats.abnormal}</td>"
-            f"<td>{score.relative if score else 1:.2f}</td><td>{score.individual if score else 1:.2f}</td></tr>"
+            f"<td>{score.relative if score else 1:.2f}</td><td>{score.individual if score else 1:.2f}</td>"
+            f"<td>{where}</td></tr>"
         )
+    named = "".join(f"<li>{html.escape(line)}</li>" for line in report.straggler_lines())
     return ("<table><tr><th>rank</th><th>steps</th><th>median ms</th><th>p90 ms</th><th>max ms</th>"
-            "<th>mean deviation ms</th><th>abnormal</th><th>relative score</th><th>individual score</th></tr>"
-            + "".join(rows) + "</table>")
+            "<th>mean deviation ms</th><th>abnormal</th><th>relative score</th><th>individual score</th>"
+            "<th>worst window</th></tr>"
+            + "".join(rows) + "</table>"
+            + f"<p>Scores are each rank's worst window of {report.straggler_window} steps; a rank is named when a "
+              f"window scores below {report.straggler_threshold:g}.</p>"
+            + (f'<ul class="stragglers">{named}</ul>' if named else ""))
 
 
 def _alerts(report: JobReport) -> str:

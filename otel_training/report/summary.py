@@ -61,6 +61,7 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
                 f"{score.individual if score else 1:>10.2f}{'  straggler' if score and score.straggler else ''}")
     stragglers = report.straggler_ranks
     add("stragglers: " + (", ".join(f"rank {rank}" for rank in stragglers) if stragglers else "none"))
+    lines.extend(f"  {line}" for line in report.straggler_lines())
     if report.alerts:
         add(f"alerts: {len(report.alerts)}")
         for alert in report.alerts:
