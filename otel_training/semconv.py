@@ -278,3 +278,6 @@ METRIC_STEP_IDEAL_DURATION: Final = "training.step.ideal_duration"
 METRIC_STEP_DEVIATION: Final = "training.step.deviation"
 METRIC_STEP_TOKENS_RATE: Final = "training.step.tokens_per_second"
 METRIC_STEP_SAMPLES_RATE: Final = "training.step.samples_per_second"
+#: This rank's individual straggler score now: its best window's median step time over its current
+#: window's (1.0: as fast as it has been; below 0.75: a straggler by NVRx's default).
+METRIC_STEP_STRAGGLER_INDIVIDUAL: Final = "training.step.straggler.individual"

@@ -226,3 +226,15 @@ def test_two_torchrun_launches_without_rdzv_id_are_two_jobs(tmp_path: Path) -> N
     jobs = {record.run.job_id for record in records}
     assert len(jobs) == 2, jobs
     assert all(job.startswith("torchrun-") for job in jobs)
+
+
+def test_the_live_straggler_gauge_shows_a_rank_slower_than_it_was() -> None:
+    life = Life(0, "a")
+    t = life.steps(0, 0, 40, 1.0)
+    life.steps(40, t, 20, 1.5)  # 1.5x slower for the last 20 steps
+    live = Live(origin=0).replay(life.records, until=t + 30)
+    live.totals()
+    metrics = {m.name: m for rm in live.reader.get_metrics_data().resource_metrics
+               for sm in rm.scope_metrics for m in sm.metrics}
+    (point,) = metrics[sc.METRIC_STEP_STRAGGLER_INDIVIDUAL].data.data_points
+    assert point.value == pytest.approx(1 / 1.5)

@@ -10,6 +10,9 @@ What a running job exports every metric interval, per process:
 * ``training.step.ideal_duration`` (gauge, s) and ``training.step.deviation``
   (gauge, s: the latest step's actual − ideal), once the ideal is configured or derived from
   at least 10 steps;
+* ``training.step.straggler.individual`` (gauge, 1): the rank's best window's median
+  step time over its current window's (analysis/stragglers.py), so a rank that
+  became slower than it was shows while it is slow;
 * ``training.goodput`` (gauge, ratio) and ``training.goodput.time`` /
   ``training.badput`` by ``training.badput.bucket`` (counters, s).
 
@@ -65,6 +68,7 @@ from otel_training.analysis import (
 from otel_training.analysis import ideal_step_time as derive_ideal
 from otel_training.analysis import times_step
 from otel_training.analysis.goodput import with_compilation
+from otel_training.analysis.stragglers import LiveIndividual
 
 _STEP_NAMES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 
@@ -112,6 +116,7 @@ class GoodputSpanProcessor(SpanProcessor):
         # Every step time of this life (8 bytes each): the ideal is derived from all of them at each
         # collection, exactly as the report derives it from the same spans.
         self._durations = array.array("d")
+        self._individual = LiveIndividual()
         self._settle_lock = threading.Lock()  # between collector callbacks only
 
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
@@ -121,6 +126,9 @@ class GoodputSpanProcessor(SpanProcessor):
             sc.METRIC_STEP_TOKENS_RATE, unit="{token}/s", description="Tokens per second of each step.")
         self._samples_rate = meter.create_histogram(
             sc.METRIC_STEP_SAMPLES_RATE, unit="{sample}/s", description="Samples per second of each step.")
+        self._straggler = meter.create_gauge(
+            sc.METRIC_STEP_STRAGGLER_INDIVIDUAL, unit="1",
+            description="Best window median step time over the current window's (< 0.75: slower than it was).")
         # A gauge, not a histogram: deviations are negative too, which OTel histograms refuse.
         self._deviation = meter.create_gauge(
             sc.METRIC_STEP_DEVIATION, unit="s", description="Duration of the latest step minus the ideal step time.")
@@ -222,6 +230,9 @@ class GoodputSpanProcessor(SpanProcessor):
             if isinstance(samples, (int, float)) and not isinstance(samples, bool):
                 self._samples_rate.record(samples / duration, context=context)
         self._durations.append(duration)
+        score = self._individual.add(duration)
+        if score is not None:
+            self._straggler.set(score, context=context)
         return duration, context
 
     @property
