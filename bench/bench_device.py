@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # fake_device
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # cuda_plain_loop's GPU stall
 
 import otel_training  # noqa: E402
 from otel_training import semconv as sc  # noqa: E402
@@ -87,7 +88,9 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
 
         torch.cuda.init()
         device_module.use_device(None)
-        cycles = _cycles_per_second(torch)
+        from cuda_plain_loop import cycles_per_second
+
+        cycles = cycles_per_second()
         work = torch.randn(2048, 2048, device="cuda")
 
         def launch(index: int) -> None:
@@ -135,16 +138,6 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
     device_module.use_device(None)
     event, _ = alerts[0]
     return event.attributes.get(sc.STEP), event.elapsed_s - threshold_s
-
-
-def _cycles_per_second(torch) -> float:
-    cycles = 100_000_000
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1e3)
 
 
 def main() -> None:

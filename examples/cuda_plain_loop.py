@@ -47,7 +47,7 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(args.batch * 8, args.width), torch.randn(args.batch * 8, args.width))
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, pin_memory=True, drop_last=True)
 
-    cycles_per_s = _cycles_per_second() if args.stall_step is not None else 0
+    cycles_per_s = cycles_per_second() if args.stall_step is not None else 0
     tops: list[torch.cuda.Event] = []
     step = 0
     started = time.perf_counter()
@@ -78,8 +78,9 @@ def main() -> None:
     }), flush=True)
 
 
-def _cycles_per_second() -> float:
-    """GPU clock cycles per second, measured with ``torch.cuda._sleep`` itself."""
+def cycles_per_second() -> float:
+    """GPU clock cycles per second, measured with ``torch.cuda._sleep`` itself (the tests and
+    bench/bench_device.py stall the GPU with it too)."""
     cycles = 100_000_000
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

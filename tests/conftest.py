@@ -41,3 +41,16 @@ def configure(tmp_path: Path) -> Iterator:
     for telemetry in handles:
         telemetry.shutdown(timeout_s=2)
     hooks.uninstall()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """A fake asynchronous device (tests/fake_device.py) that the device timeline uses instead of CUDA."""
+    from fake_device import FakeDevice
+
+    from otel_training.events import device as device_module
+
+    device = FakeDevice()
+    monkeypatch.setattr(device_module, "_factory", lambda: device)
+    yield device
+    device.stop()

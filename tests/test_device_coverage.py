@@ -31,12 +31,6 @@ KERNEL_S = 0.002
 OPTIMIZER_S = 0.006
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDevice]:
-    device = FakeDevice()
-    monkeypatch.setattr(device_module, "_factory", lambda: device)
-    yield device
-    device.stop()
 
 
 @pytest.fixture

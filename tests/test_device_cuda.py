@@ -37,17 +37,9 @@ from otel_training.report.reader import read_paths  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 OTEL_TRAINING = str(Path(sys.executable).parent / "otel-training")
 LOOP = str(REPO / "examples" / "cuda_plain_loop.py")
+sys.path.insert(0, str(REPO / "examples"))
+from cuda_plain_loop import cycles_per_second as _cycles_per_second  # noqa: E402  (stalls the GPU)
 THRESHOLD_S = 1.0
-
-
-def _cycles_per_second() -> float:
-    cycles = 100_000_000
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1e3)
 
 
 def _resolve(device: CudaDevice, marker, timeout_s: float = 10.0) -> int:

@@ -40,12 +40,6 @@ THRESHOLD_S = 0.3
 RUN_AHEAD = 6
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDevice]:
-    device = FakeDevice()
-    monkeypatch.setattr(device_module, "_factory", lambda: device)
-    yield device
-    device.stop()
 
 
 class Alerts:

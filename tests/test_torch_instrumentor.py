@@ -457,3 +457,22 @@ def test_init_process_group_rank_from_arguments_or_url():
     assert init_rank(init, ("gloo", None, None, 4, 3), {}) == (3, 4)
     assert init_rank(init, ("gloo", "tcp://127.0.0.1:1234?rank=5&world_size=8"), {}) == (5, 8)
     assert init_rank(init, ("gloo", "env://"), {}) == (None, None)  # RANK/WORLD_SIZE: configure() reads them
+
+
+def test_an_optimizer_subclass_calling_super_step_counts_once(instrumented):
+    # torch wraps each optimizer class's step() with the hooks once that class has an instance, so
+    # a subclass whose step() calls super().step() runs the global hooks twice, nested.
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # SGD.step is now wrapped too
+
+    class Logging(torch.optim.SGD):
+        def step(self, *args, **kwargs):
+            return super().step(*args, **kwargs)
+
+    model = make_model()
+    optimizer = Logging(model.parameters(), lr=0.01)
+    for x, y in make_loader(3):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert [s["attributes"][sc.STEP_OPTIMIZER_STEPS] for s in steps] == [1, 1, 1]

@@ -210,9 +210,12 @@ class Duration:
             _record_error(self._span, error)
         self.end()
 
+    #: The class of ``stage()``'s Durations: None for this one's own class.
+    _STAGE_CLASS: type[Duration] | None = None
+
     def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
         """A child Duration ``<span name>.<stage>``, for the phases of a long event."""
-        return type(self)(self._process, f"{self.name}.{name}", content, event_name=name)
+        return (self._STAGE_CLASS or type(self))(self._process, f"{self.name}.{name}", content, event_name=name)
 
     # -- context manager and decorator -------------------------------------
     def __enter__(self) -> Duration:
@@ -234,7 +237,11 @@ class Duration:
     def _fresh(self) -> Duration:
         clone = type(self).__new__(type(self))
         Duration.__init__(clone, self._process, self.name, event_name=self.event_name, attributes=self._attributes)
+        clone._init_state()
         return clone
+
+    def _init_state(self) -> None:
+        """Set a subclass's own slots on a clone made by ``_fresh`` (which runs Duration's __init__ only)."""
 
     def __call__(self, function: F) -> F:
         """Use as a decorator: each call runs in a fresh Duration like this one."""
@@ -271,6 +278,9 @@ class StepDuration(Duration):
     """
 
     __slots__ = ("_device_step",)
+
+    #: A phase of a step is a plain Duration (the device timeline times whole steps).
+    _STAGE_CLASS = Duration
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -333,14 +343,8 @@ class StepDuration(Duration):
                          "training continues")
         super().end()
 
-    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
-        """A phase of the step: a plain Duration (the device timeline times whole steps)."""
-        return Duration(self._process, f"{self.name}.{name}", content, event_name=name)
-
-    def _fresh(self) -> Duration:
-        clone = super()._fresh()
-        clone._device_step = None  # type: ignore[attr-defined]
-        return clone
+    def _init_state(self) -> None:
+        self._device_step = None
 
 
 class HostWork(Duration):
@@ -352,6 +356,8 @@ class HostWork(Duration):
     """
 
     __slots__ = ("_counted_in",)
+
+    _STAGE_CLASS = Duration
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -377,13 +383,8 @@ class HostWork(Duration):
             else:
                 counted.host_work = max(0, counted.host_work - 1)
 
-    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
-        return Duration(self._process, f"{self.name}.{name}", content, event_name=name)
-
-    def _fresh(self) -> Duration:
-        clone = super()._fresh()
-        clone._counted_in = None  # type: ignore[attr-defined]
-        return clone
+    def _init_state(self) -> None:
+        self._counted_in = None
 
 
 def _record_error(span: Span, error: BaseException | str | None) -> None:

@@ -91,6 +91,7 @@ class StepTracker:
         self._forward_handle: Any = None
         self._telemetry: Any = None
         self._awaiting_input = False
+        self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
         self._reset()
 
     def _reset(self) -> None:
@@ -297,6 +298,10 @@ class StepTracker:
     @contained(default=None)
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_calls += 1
+        # torch wraps every optimizer class's step() with the hooks, so a subclass whose step()
+        # calls super().step() runs them twice, nested: only the outermost call counts.
+        key = id(optimizer)
+        self._nested[key] = self._nested.get(key, 0) + 1
         if self._claim is not None:
             self.wake()
         if not self._mine() or self._step is not None:
@@ -306,6 +311,11 @@ class StepTracker:
 
     @contained(default=None)
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        key = id(optimizer)
+        depth = self._nested.pop(key, 1) - 1
+        if depth > 0:
+            self._nested[key] = depth
+            return  # the inner step() of a subclass's super().step()
         if not self._mine():
             return
         self._stepped_once(optimizer, skipped=False)
