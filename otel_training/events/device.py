@@ -98,7 +98,7 @@ class _Step:
         self.launched = False
 
 
-#: ``end`` of a step whose end could not be recorded (a capture began inside it).
+#: A marker that could not be recorded (a capture began inside the step): the host's time stands in.
 _UNRECORDED = object()
 
 
