@@ -75,6 +75,19 @@ def test_wasted_progress_counts_from_the_restored_checkpoint() -> None:
     assert result.runs[0].seconds["productive"] == pytest.approx(20.0)  # steps 0-9 survived
 
 
+def test_a_restored_step_without_a_save_in_the_crashed_life_keeps_up_to_that_step() -> None:
+    # The crashed life's save spans are missing (saved by a framework we do not see): the step the
+    # next life restored still says how far progress was kept.
+    crashed = Life(0, "a")
+    crashed.span(sc.SPAN_PROCESS, 0, 30, error=True)
+    crashed.steps(0, 0, 15, 2.0)
+    restarted = Life(1, "b")
+    restarted.span(sc.SPAN_LOAD_CHECKPOINT, 40, 41, **{sc.CHECKPOINT_STEP: 9})
+    restarted.steps(10, 41, 5, 2.0)
+    result = account(crashed.records + restarted.records)
+    assert result.seconds[sc.BADPUT_WASTED_PROGRESS] == pytest.approx(10.0)  # steps 10-14
+
+
 def test_without_a_restore_the_last_save_is_kept() -> None:
     crashed = Life(0, "a")
     crashed.span(sc.SPAN_PROCESS, 0, 30, error=True)

@@ -107,17 +107,22 @@ class RunAccountant:
         self._checkpoints = [item for item in self._checkpoints if item[0] > until_ns]
         self.timeline.fold(until_ns)
 
-    def finish(self, end_ns: int, *, failed: bool, restored_step: int | None = None) -> dict[str, int]:
+    def finish(self, end_ns: int, *, failed: bool, restored_step: int | None = None,
+               restored_step_end_ns: int | None = None) -> dict[str, int]:
         """Close the run at ``end_ns``; a failed run loses the progress the next run did not restore.
 
-        ``restored_step``: the checkpoint step the next run restored. The progress kept is that of
-        the last save of this run at or before that step (a later save whose persist never
-        finished was not restored, so what followed it was lost too); without a restore, that of
-        the last completed save.
+        ``restored_step``: the checkpoint step the next run restored. The progress kept is that up
+        to the end of that step in this run (``restored_step_end_ns``, where this run has it),
+        else that of the last save of this run at or before that step (a later save whose persist
+        never finished was not restored, so what followed it was lost too); without a restore,
+        that of the last completed save.
         """
         for since in self._stuck_since.values():
             self.timeline.add(sc.BADPUT_STUCK, since, end_ns)  # stuck until the run ended
         self._stuck_since.clear()
+        if failed and restored_step_end_ns is not None and restored_step_end_ns <= end_ns:
+            self.fold(restored_step_end_ns)
+            self._snapshots.append((restored_step, self.timeline.totals[PRODUCTIVE]))
         self.fold(end_ns)
         totals = dict(self.timeline.totals)
         if failed:
@@ -193,6 +198,13 @@ def _step_of(record: SpanRecord) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+def _end_of_step(records: list[SpanRecord], step: int) -> int | None:
+    """When step ``step`` ended in these records (its timed span), or None if they do not have it."""
+    ends = [record.end_ns for record in records
+            if record.attributes.get(sc.STEP) == step and times_step(record.name, record.attributes)]
+    return max(ends) if ends else None
+
+
 def with_compilation(totals: dict[str, int], first_step: tuple[int, int] | None,
                      ideal_s: float | None) -> dict[str, int]:
     """``totals`` (ns by label) with the first step's excess over the ideal moved to compilation."""
@@ -253,10 +265,12 @@ def account(records: Iterable[SpanRecord], *, evaluation_is_productive: bool = F
             failed = _failed(by_run[key], followed=index + 1 < len(lives))
             accountant = accountants[index]
             restored = accountants[index + 1].restored_step if index + 1 < len(lives) else None
+            restored_end = _end_of_step(by_run[key], restored) if failed and restored is not None else None
             ideal = ideal_step_time([record.duration_s for record in by_run[key]
                                      if times_step(record.name, record.attributes)], ideal_step_time_s)
-            totals_ns = with_compilation(accountant.finish(end, failed=failed, restored_step=restored),
-                                         accountant.first_step, ideal)
+            totals_ns = with_compilation(
+                accountant.finish(end, failed=failed, restored_step=restored, restored_step_end_ns=restored_end),
+                accountant.first_step, ideal)
             totals = {label: ns / 1e9 for label, ns in totals_ns.items()}
             if previous_end is not None and start > previous_end:
                 totals[sc.BADPUT_DOWNTIME] = totals.get(sc.BADPUT_DOWNTIME, 0.0) + (start - previous_end) / 1e9
