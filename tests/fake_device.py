@@ -37,6 +37,7 @@ class FakeDevice:
         self._completed = 0
         self.capturing = False  # like a CUDA graph capture: record() records nothing
         self.busy_s = 0.0
+        self.kernel_s: list[float] = []  # each kernel's measured duration (sleep overshoots under load)
         self._stopped = False
         self._worker = threading.Thread(target=self._run, name="fake-device", daemon=True)
         self._worker.start()
@@ -102,7 +103,8 @@ class FakeDevice:
             if isinstance(item, float):
                 started = time.perf_counter()
                 time.sleep(item)
-                self.busy_s += time.perf_counter() - started
+                self.kernel_s.append(time.perf_counter() - started)
+                self.busy_s += self.kernel_s[-1]
             elif isinstance(item, threading.Event):
                 item.wait()
             with self._cond:

@@ -162,7 +162,8 @@ def test_healthy_loop_device_steps_carry_the_device_time(configure, fake) -> Non
     for before, after in zip(device_steps, device_steps[1:]):
         assert after["start"] >= before["end"]
     durations = [(span["end"] - span["start"]) / 1e9 for span in device_steps]
-    assert statistics.median(durations) == pytest.approx(0.02, rel=0.25)
+    # The device's own step time (each step is one kernel), not the microseconds of launching it.
+    assert statistics.median(durations) == pytest.approx(statistics.median(fake.kernel_s), rel=0.15)
     assert not named(spans, sc.SPAN_ALERT)
 
 
@@ -193,7 +194,8 @@ def test_goodput_follows_the_device_not_the_host_waits(configure, fake, tmp_path
     assert goodput.training_goodput is not None and goodput.training_goodput >= 0.90, goodput.seconds
     assert goodput.badput[sc.BADPUT_DATA_LOADING] <= 0.05 * goodput.total_s, goodput.seconds
     assert report.job_steps is not None
-    assert report.job_steps.median == pytest.approx(true_step_s, rel=0.05)
+    # The fake's items are handed over by a Python thread, so allow more than the GPU test's 5%.
+    assert report.job_steps.median == pytest.approx(true_step_s, rel=0.15)
     assert not report.alerts
 
 
