@@ -175,6 +175,41 @@ def _stop_group(process: subprocess.Popen[str]) -> None:
     process.wait(timeout=10)
 
 
+def _blackhole() -> socket.socket:
+    """A collector that accepts TCP connections and never answers: every flush takes its whole budget."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+def test_an_uncaught_exception_exits_within_one_exit_budget() -> None:
+    """Real time: the exception hook's flush and the exit-time shutdown share ``exit_timeout_s``.
+
+    Each used to take the whole budget: 4.1 s to exit with 2 s (issue 13 item 9).
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import otel_training
+            otel_training.configure(exit_timeout_s=2)
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("raising", flush=True)
+                raise RuntimeError("loss is NaN")
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "raising"
+            started = time.monotonic()
+            _, stderr = process.communicate(timeout=30)
+            exit_time = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert process.returncode == 1 and "RuntimeError: loss is NaN" in stderr
+    assert exit_time < 2 + 1.5 and exit_time < 2 * 2, f"exit took {exit_time:.2f} s (budget 2 s)"
+
+
 def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
     """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once.
 

@@ -105,7 +105,11 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     if telemetry is not None:
         end_open_spans(telemetry, sc.EVENT_EXCEPTION, _exception_attributes(exc_type, exc, tb),
                        f"{exc_type.__name__}: {exc}")
-        contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
+        if sys.flags.interactive or hasattr(sys, "ps1"):
+            # An interactive session goes on after an exception: this is no way out.
+            contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
+        else:
+            contained()(telemetry.exit_flush)()
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
 
