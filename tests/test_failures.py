@@ -239,17 +239,23 @@ def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
     assert step["events"][0]["attributes"][sc.SIGNAL_NAME] == "SIGTERM"
 
 
-def test_a_second_signal_during_the_exit_flush_neither_hangs_nor_restarts_it() -> None:
-    with socket.socket() as blackhole:  # a collector that never answers: the flush takes its whole budget
-        blackhole.bind(("127.0.0.1", 0))
-        blackhole.listen(16)
+def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it() -> None:
+    """Real time: two SIGTERMs 0.3 s apart (a scheduler and a launcher both passing on a stop) end the
+    process when the first one's flush runs out, as one SIGTERM does.
+
+    The main thread is busy in Python, so it handles the first signal itself and the
+    second arrives inside its flush: that waited a second longer than the budget
+    (4.03 s with 3 s, issue 13 item 10).
+    """
+    with _blackhole() as blackhole:
         process = _start_in_own_group(
             """
-            import time, otel_training
-            otel_training.configure(exit_timeout_s=1.5)
+            import otel_training
+            otel_training.configure(exit_timeout_s=3)
             with otel_training.TrainerProcess().step(global_step=1):
                 print("ready", flush=True)
-                time.sleep(60)
+                while True:
+                    pass
             """,
             {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
@@ -257,12 +263,13 @@ def test_a_second_signal_during_the_exit_flush_neither_hangs_nor_restarts_it() -
             assert process.stdout.readline().strip() == "ready"
             started = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            time.sleep(0.3)  # the second signal must land inside the first one's flush
+            time.sleep(0.3)  # not a wait for a condition: the second signal lands inside the first one's flush
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=15) == -signal.SIGTERM
-            assert time.monotonic() - started < 4.5
+            elapsed = time.monotonic() - started
         finally:
             _stop_group(process)
+    assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
 
 
 def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ _owner_pid = os.getpid()
 # Taken by the first thread that starts terminating the process; set when it is done.
 _terminating = threading.Lock()
 _terminated = threading.Event()
+# The thread that took ``_terminating``, and when (time.monotonic()) the process dies at the latest.
+_flusher: int | None = None
+_exit_deadline = math.inf
+# A thread waiting for another's flush gives it this long past the deadline to die of the signal itself.
+_DEADLINE_GRACE_S = 0.1
 
 
 def open_spans(telemetry: Telemetry) -> list[Span]:
@@ -151,22 +156,28 @@ def _die_of(signum: int) -> None:
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    """The default action, preceded by ending the open spans and a bounded flush."""
+    """The default action, preceded by ending the open spans and a flush bounded by the exit budget."""
+    global _flusher, _exit_deadline
     telemetry = _owned_telemetry()
-    timeout_s = telemetry.options["exit_timeout_s"] if telemetry is not None else 0.0
+    _exit_deadline = min(_exit_deadline, time.monotonic() + (telemetry.exit_budget_s() if telemetry else 0.0))
     if not _terminating.acquire(blocking=False):
-        # Another thread (or an outer call) is already flushing: wait for it,
-        # bounded, rather than start over or return to training.
-        _terminated.wait(timeout_s + 1.0)
+        if _flusher == threading.get_ident():
+            # A signal during our own flush, whose handler runs nested inside it:
+            # waiting here would hold that flush up past its deadline. Let it finish.
+            return
+        # Another thread is flushing: wait for it until the deadline rather than
+        # start over or return to training.
+        _terminated.wait(max(0.0, _exit_deadline - time.monotonic()) + _DEADLINE_GRACE_S)
         _die_of(signum)
         return
+    _flusher = threading.get_ident()
     try:
         if telemetry is not None:
             if frame is None:  # on the watcher thread: say where the main thread was
                 frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
             name = signal.Signals(signum).name
             end_open_spans(telemetry, sc.EVENT_SIGNAL, _signal_attributes(signum, frame), f"terminated by {name}")
-            contained()(telemetry.shutdown)(timeout_s)
+            contained()(telemetry.shutdown)(_exit_deadline - time.monotonic())
     finally:
         _terminated.set()
     _die_of(signum)
@@ -322,7 +333,7 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child drops the hooks: the parent's open spans are not its to end."""
-    global _watcher, _terminating, _terminated
+    global _watcher, _terminating, _terminated, _flusher, _exit_deadline
     if _watcher is not None:
         try:
             signal.set_wakeup_fd(-1)  # else the child's signals would wake the parent's watcher
@@ -330,7 +341,7 @@ def _after_fork_in_child() -> None:
             pass
         _watcher.close()
         _watcher = None
-    _terminating, _terminated = threading.Lock(), threading.Event()
+    _terminating, _terminated, _flusher, _exit_deadline = threading.Lock(), threading.Event(), None, math.inf
     try:
         uninstall()
     except Exception:  # noqa: BLE001 - never break a fork
