@@ -272,6 +272,31 @@ def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it(
     assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
 
 
+def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path: Path) -> None:
+    """A script's own SIGTERM handler (checkpoint, then carry on), installed after ``configure()``,
+    keeps the signal, as without the library: the watcher thread used to kill the process anyway
+    while its main thread waited in C.
+    """
+    process = _start_in_own_group(
+        f"""
+        import ctypes, signal, otel_training
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("checkpointing", flush=True))
+        print("blocked", flush=True)
+        ctypes.CDLL(None).system(b"sleep 1")
+        print("carried on", flush=True)
+        """
+    )
+    try:
+        assert process.stdout.readline().strip() == "blocked"
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        _stop_group(process)
+    assert process.returncode == 0, stderr
+    assert stdout.split() == ["checkpointing", "carried", "on"]
+
+
 def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:
     """Pool workers terminated with SIGTERM must not end their copies of the parent's step."""
     script = f"""

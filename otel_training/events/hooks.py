@@ -235,6 +235,8 @@ class _SignalWatcher:
             for signum in data:
                 if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
                     continue
+                if signal.getsignal(signum) is not _signal_handler:
+                    continue  # the program installed its own handler since: the signal is its to handle
                 if time.monotonic() - _last_foreign_fork < _FORK_GRACE_S:
                     # A child forked from another thread inherited the wakeup fd for a moment:
                     # the byte may be its signal. Leave it to the main-thread handler.
