@@ -272,6 +272,165 @@ def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it(
     assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _wait_busy(process: subprocess.Popen[str], cpu_s: float, timeout_s: float = 30) -> None:
+    """Wait until ``process`` has burnt ``cpu_s`` more CPU seconds: it is in its busy C call."""
+    deadline = time.monotonic() + timeout_s
+    start = _cpu_seconds(process.pid)
+    while _cpu_seconds(process.pid) - start < cpu_s:
+        assert process.poll() is None and time.monotonic() < deadline, "the child never got busy"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper reads /proc")
+def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path) -> None:
+    """Real time: the main thread in a C call that never releases the GIL, so no Python runs at all
+    (no handler, no watcher thread). Without the library SIGTERM kills it at once; with it, it
+    never died (issue 13 item 11). Now it dies of SIGTERM within ``exit_timeout_s``.
+    """
+    process = _start_in_own_group(
+        f"""
+        import otel_training
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r}, exit_timeout_s=1)
+        with otel_training.TrainerProcess().step(global_step=1):
+            print("ready", flush=True)
+            sum(range(10**15))  # hours, all of it holding the GIL
+        """
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        _wait_busy(process, 0.3)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            returncode = process.wait(timeout=1 + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("SIGTERM never killed a process holding the GIL")
+        elapsed = time.monotonic() - started
+    finally:
+        _stop_group(process)
+    assert returncode == -signal.SIGTERM
+    assert elapsed < 1 + 1.5, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=1)"
+
+
+def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -> None:
+    """Real time: the GIL held for ~1.5 s after SIGTERM (a long C call that returns), then Python
+    flushes: the process dies ``exit_timeout_s`` after the signal, not after the GIL came back.
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import time, otel_training
+            otel_training.configure(exit_timeout_s=3)
+            started = time.process_time()
+            sum(range(10**7))
+            n = int(10**7 * 1.5 / (time.process_time() - started))  # ~1.5 s holding the GIL
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("ready", flush=True)
+                sum(range(n))
+                time.sleep(60)
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "ready"
+            _wait_busy(process, 0.2)
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=15) == -signal.SIGTERM
+            elapsed = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=3)"
+
+
+def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_short() -> None:
+    """Real time: three SIGTERMs while the main thread waits in C with the GIL released: the watcher
+    flushes, and the process dies when that flush runs out, not at a later signal.
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import ctypes, otel_training
+            otel_training.configure(exit_timeout_s=2)
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("blocked", flush=True)
+                ctypes.CDLL(None).system(b"sleep 30")
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "blocked"
+            started = time.monotonic()
+            for _ in range(3):
+                process.send_signal(signal.SIGTERM)
+                time.sleep(0.3)  # not a wait for a condition: the signals are spread over the flush
+            assert process.wait(timeout=15) == -signal.SIGTERM
+            elapsed = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert 2 - 0.5 < elapsed < 2 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 2 s)"
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(condition, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is Linux-only")
+def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_signals() -> None:
+    """If the helper dies, the watcher reads the wakeup fd itself: a rank blocked in C still dies of SIGTERM."""
+    process = _start_in_own_group(
+        """
+        import ctypes, otel_training
+        from otel_training.events import hooks
+        otel_training.configure(exporter="none")
+        print(hooks._watcher.helper.pid, flush=True)
+        ctypes.CDLL(None).system(b"sleep 30")
+        """
+    )
+    try:
+        helper = int(process.stdout.readline())
+        os.kill(helper, signal.SIGKILL)
+        assert _wait_until(lambda: _gone_or_zombie(helper))
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == -signal.SIGTERM
+        assert time.monotonic() - started < 5
+    finally:
+        _stop_group(process)
+
+    process = _start_in_own_group(
+        """
+        import otel_training
+        from otel_training.events import hooks
+        otel_training.configure(exporter="none")
+        print(hooks._watcher.helper.pid, flush=True)
+        """
+    )
+    try:
+        helper = int(process.stdout.readline())
+        assert process.wait(timeout=15) == 0
+        assert _wait_until(lambda: _gone_or_zombie(helper)), "the helper outlived its process"
+    finally:
+        _stop_group(process)
+
+
 def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path: Path) -> None:
     """A script's own SIGTERM handler (checkpoint, then carry on), installed after ``configure()``,
     keeps the signal, as without the library: the watcher thread used to kill the process anyway
