@@ -210,15 +210,21 @@ def test_an_uncaught_exception_exits_within_one_exit_budget() -> None:
     assert exit_time < 2 + 1.5 and exit_time < 2 * 2, f"exit took {exit_time:.2f} s (budget 2 s)"
 
 
-def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
-    """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once.
+@pytest.mark.parametrize("open_files", [0, 1100])
+def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path, open_files: int) -> None:
+    """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once,
+    also when its signal pipes are past fd 1024.
 
     glibc's system() waits with waitpid() and retries it on EINTR, so the main
     thread never returns to Python to run a Python-level handler.
     """
     process = _start_in_own_group(
         f"""
-        import ctypes, otel_training
+        import ctypes, os, resource, otel_training
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if {open_files} and soft < {open_files} + 100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
+        files = [os.dup(0) for _ in range({open_files})]
         otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
         with otel_training.TrainerProcess().step(global_step=9):
             print("blocked", flush=True)
@@ -287,14 +293,20 @@ def _wait_busy(process: subprocess.Popen[str], cpu_s: float, timeout_s: float = 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper reads /proc")
-def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path) -> None:
+@pytest.mark.parametrize("open_files", [0, 1100])
+def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_files: int) -> None:
     """Real time: the main thread in a C call that never releases the GIL, so no Python runs at all
     (no handler, no watcher thread). Without the library SIGTERM kills it at once; with it, it
-    never died (issue 13 item 11). Now it dies of SIGTERM within ``exit_timeout_s``.
+    never died (issue 13 item 11). Now it dies of SIGTERM within ``exit_timeout_s``, also in a
+    process whose signal pipes are past fd 1024 (out of ``select()``'s reach).
     """
     process = _start_in_own_group(
         f"""
-        import otel_training
+        import os, resource, otel_training
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if {open_files} and soft < {open_files} + 100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
+        files = [os.dup(0) for _ in range({open_files})]
         otel_training.configure(exporter="file", output_dir={str(tmp_path)!r}, exit_timeout_s=1)
         with otel_training.TrainerProcess().step(global_step=1):
             print("ready", flush=True)

@@ -57,8 +57,11 @@ def main(argv: list[str]) -> int:
         timeout = min(deadlines.values()) - now if deadlines else None
         if process is None:
             timeout = 1.0 if timeout is None else min(timeout, 1.0)
-        readable = select.select([fd for fd in (wakeup, control, process) if fd is not None], [], [],
-                                 None if timeout is None else max(0.0, timeout))[0]
+        poller = select.poll()  # not select(): the fds keep their numbers from a process that may be past 1024
+        for fd in (wakeup, control, process):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        readable = {fd for fd, _ in poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))}
         if (process in readable) or (process is None and os.getppid() != pid):
             return 0
         if control in readable:

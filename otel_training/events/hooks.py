@@ -355,11 +355,11 @@ class _SignalWatcher:
                 _die_of(_dying_of)  # the flush overran its deadline, or Python got to the signal late
                 return
             from_helper = self.forward_fd >= 0
+            fd = self.forward_fd if from_helper else self.read_fd
             try:
-                if not select.select([self.forward_fd if from_helper else self.read_fd], [], [],
-                                     None if left == math.inf else left)[0]:
+                if not _readable(fd, left):
                     continue
-                data = os.read(self.forward_fd if from_helper else self.read_fd, _RECORD * 64)
+                data = os.read(fd, _RECORD * 64)
             except (OSError, ValueError):
                 return
             if not data and from_helper:  # the helper is gone: read the wakeup fd ourselves
@@ -416,6 +416,13 @@ class _SignalWatcher:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Wait for ``fd`` to be readable (poll, not select: a busy process may be past fd 1024)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s == math.inf else max(0, math.ceil(timeout_s * 1000))))
 
 
 _RECORD = _signal_helper.RECORD_BYTES
