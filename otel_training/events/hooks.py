@@ -217,7 +217,7 @@ _one_shot: dict[int, Any] = {}
 
 
 def _libc_sigaction() -> tuple[Any, type]:
-    """libc's sigaction, called holding the GIL (so nothing else in Python runs between a check and the call)."""
+    """libc's sigaction, called without releasing the GIL, as ``signal.signal`` calls it."""
     import ctypes
 
     class Sigaction(ctypes.Structure):  # Linux, glibc and musl alike: handler, 1024-bit mask, flags, restorer
@@ -365,6 +365,9 @@ class _SignalWatcher:
             if not data and from_helper:  # the helper is gone: read the wakeup fd ourselves
                 os.close(self.forward_fd)
                 self.forward_fd = -1
+                helper = self.helper
+                if helper is not None:
+                    helper.poll()  # reaped, not left a zombie
                 continue
             if not data:
                 return
