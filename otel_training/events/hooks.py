@@ -321,8 +321,10 @@ class _SignalWatcher:
 
     def _start_helper(self) -> None:
         helper = _signal_helper.__file__
-        if not sys.platform.startswith("linux") or not sys.executable or not helper or not os.path.isfile(helper):
+        if not sys.platform.startswith("linux") or not helper or not os.path.isfile(helper):
             return
+        if "python" not in os.path.basename(sys.executable or "").lower():
+            return  # embedded (uwsgi, say): sys.executable would start something else
         forward_read, forward_write = os.pipe()
         try:
             self.helper = subprocess.Popen(
