@@ -258,14 +258,20 @@ def _make_one_shot(signum: int) -> bool:
 
 
 def _rearm(signum: int) -> None:
-    """Put our one-shot handler back after a delivery, so a further signal during the flush does not kill at once."""
+    """Put our one-shot handler back after a delivery, so a further signal during the flush does not kill at once.
+
+    Only over the default action the delivery left: a handler that C code
+    installed since (Python's table does not see it) is not ours to replace.
+    """
     entry = _one_shot.get(signum)
     if entry is None or _dying or signal.getsignal(signum) is not _signal_handler:
         return
     import ctypes
 
     sigaction, action = entry
-    sigaction(signum, ctypes.byref(action), None)
+    current = type(action)()
+    if sigaction(signum, None, ctypes.byref(current)) == 0 and not current.handler:
+        sigaction(signum, ctypes.byref(action), None)
 
 
 def _signal_handler(signum: int, frame: FrameType | None) -> None:
