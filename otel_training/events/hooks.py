@@ -21,8 +21,9 @@ A main thread in a C call that holds the GIL runs no Python at all, the watcher
 included. For that case those handlers are one-shot (the kernel restores the
 default action as it delivers the signal; Python re-installs them when it takes
 the signal in hand), and a helper process (``_signal_helper``) that reads the
-wakeup fd sends the signal again ``exit_timeout_s`` after it arrived if nothing
-has: the process dies of it within the budget, as it would without the library.
+wakeup fd sends the signal again ``exit_timeout_s`` after it arrived if no Python
+took it in hand by then: the process dies of it within the budget, with the exit
+status it would have without the library.
 """
 
 from __future__ import annotations
