@@ -175,15 +175,56 @@ def _stop_group(process: subprocess.Popen[str]) -> None:
     process.wait(timeout=10)
 
 
-def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
-    """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once.
+def _blackhole() -> socket.socket:
+    """A collector that accepts TCP connections and never answers: every flush takes its whole budget."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+def test_an_uncaught_exception_exits_within_one_exit_budget() -> None:
+    """Real time: the exception hook's flush and the exit-time shutdown share ``exit_timeout_s``.
+
+    Each used to take the whole budget: 4.1 s to exit with 2 s (issue 13 item 9).
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import otel_training
+            otel_training.configure(exit_timeout_s=2)
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("raising", flush=True)
+                raise RuntimeError("loss is NaN")
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "raising"
+            started = time.monotonic()
+            _, stderr = process.communicate(timeout=30)
+            exit_time = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert process.returncode == 1 and "RuntimeError: loss is NaN" in stderr
+    assert exit_time < 2 + 1.5 and exit_time < 2 * 2, f"exit took {exit_time:.2f} s (budget 2 s)"
+
+
+@pytest.mark.parametrize("open_files", [0, 1100])
+def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path, open_files: int) -> None:
+    """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once,
+    also when its signal pipes are past fd 1024.
 
     glibc's system() waits with waitpid() and retries it on EINTR, so the main
     thread never returns to Python to run a Python-level handler.
     """
     process = _start_in_own_group(
         f"""
-        import ctypes, otel_training
+        import ctypes, os, resource, otel_training
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if {open_files} and soft < {open_files} + 100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
+        files = [os.dup(0) for _ in range({open_files})]
         otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
         with otel_training.TrainerProcess().step(global_step=9):
             print("blocked", flush=True)
@@ -204,17 +245,23 @@ def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path) -> None:
     assert step["events"][0]["attributes"][sc.SIGNAL_NAME] == "SIGTERM"
 
 
-def test_a_second_signal_during_the_exit_flush_neither_hangs_nor_restarts_it() -> None:
-    with socket.socket() as blackhole:  # a collector that never answers: the flush takes its whole budget
-        blackhole.bind(("127.0.0.1", 0))
-        blackhole.listen(16)
+def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it() -> None:
+    """Real time: two SIGTERMs 0.3 s apart (a scheduler and a launcher both passing on a stop) end the
+    process when the first one's flush runs out, as one SIGTERM does.
+
+    The main thread is busy in Python, so it handles the first signal itself and the
+    second arrives inside its flush: that waited a second longer than the budget
+    (4.03 s with 3 s, issue 13 item 10).
+    """
+    with _blackhole() as blackhole:
         process = _start_in_own_group(
             """
-            import time, otel_training
-            otel_training.configure(exit_timeout_s=1.5)
+            import otel_training
+            otel_training.configure(exit_timeout_s=3)
             with otel_training.TrainerProcess().step(global_step=1):
                 print("ready", flush=True)
-                time.sleep(60)
+                while True:
+                    pass
             """,
             {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
@@ -222,12 +269,203 @@ def test_a_second_signal_during_the_exit_flush_neither_hangs_nor_restarts_it() -
             assert process.stdout.readline().strip() == "ready"
             started = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            time.sleep(0.3)  # the second signal must land inside the first one's flush
+            time.sleep(0.3)  # not a wait for a condition: the second signal lands inside the first one's flush
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=15) == -signal.SIGTERM
-            assert time.monotonic() - started < 4.5
+            elapsed = time.monotonic() - started
         finally:
             _stop_group(process)
+    assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _wait_busy(process: subprocess.Popen[str], cpu_s: float, timeout_s: float = 30) -> None:
+    """Wait until ``process`` has burnt ``cpu_s`` more CPU seconds: it is in its busy C call."""
+    deadline = time.monotonic() + timeout_s
+    start = _cpu_seconds(process.pid)
+    while _cpu_seconds(process.pid) - start < cpu_s:
+        assert process.poll() is None and time.monotonic() < deadline, "the child never got busy"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper reads /proc")
+@pytest.mark.parametrize("open_files", [0, 1100])
+def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_files: int) -> None:
+    """Real time: the main thread in a C call that never releases the GIL, so no Python runs at all
+    (no handler, no watcher thread). Without the library SIGTERM kills it at once; with it, it
+    never died (issue 13 item 11). Now it dies of SIGTERM within ``exit_timeout_s``, also in a
+    process whose signal pipes are past fd 1024 (out of ``select()``'s reach).
+    """
+    process = _start_in_own_group(
+        f"""
+        import os, resource, otel_training
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if {open_files} and soft < {open_files} + 100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
+        files = [os.dup(0) for _ in range({open_files})]
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r}, exit_timeout_s=1)
+        with otel_training.TrainerProcess().step(global_step=1):
+            print("ready", flush=True)
+            sum(range(10**15))  # hours, all of it holding the GIL
+        """
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        _wait_busy(process, 0.3)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            returncode = process.wait(timeout=1 + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("SIGTERM never killed a process holding the GIL")
+        elapsed = time.monotonic() - started
+    finally:
+        _stop_group(process)
+    assert returncode == -signal.SIGTERM
+    assert elapsed < 1 + 1.5, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=1)"
+
+
+def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -> None:
+    """Real time: the GIL held for ~1.5 s after SIGTERM (a long C call that returns), then Python
+    flushes: the process dies ``exit_timeout_s`` after the signal, not after the GIL came back.
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import time, otel_training
+            otel_training.configure(exit_timeout_s=3)
+            started = time.process_time()
+            sum(range(10**7))
+            n = int(10**7 * 1.5 / (time.process_time() - started))  # ~1.5 s holding the GIL
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("ready", flush=True)
+                sum(range(n))
+                time.sleep(60)
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "ready"
+            _wait_busy(process, 0.2)
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=15) == -signal.SIGTERM
+            elapsed = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=3)"
+
+
+def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_short() -> None:
+    """Real time: three SIGTERMs while the main thread waits in C with the GIL released: the watcher
+    flushes, and the process dies when that flush runs out, not at a later signal.
+    """
+    with _blackhole() as blackhole:
+        process = _start_in_own_group(
+            """
+            import ctypes, otel_training
+            otel_training.configure(exit_timeout_s=2)
+            with otel_training.TrainerProcess().step(global_step=1):
+                print("blocked", flush=True)
+                ctypes.CDLL(None).system(b"sleep 30")
+            """,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+        )
+        try:
+            assert process.stdout.readline().strip() == "blocked"
+            started = time.monotonic()
+            for _ in range(3):
+                process.send_signal(signal.SIGTERM)
+                time.sleep(0.3)  # not a wait for a condition: the signals are spread over the flush
+            assert process.wait(timeout=15) == -signal.SIGTERM
+            elapsed = time.monotonic() - started
+        finally:
+            _stop_group(process)
+    assert 2 - 0.5 < elapsed < 2 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 2 s)"
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(condition, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is Linux-only")
+def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_signals() -> None:
+    """If the helper dies, the watcher reads the wakeup fd itself: a rank blocked in C still dies of SIGTERM."""
+    process = _start_in_own_group(
+        """
+        import ctypes, otel_training
+        from otel_training.events import hooks
+        otel_training.configure(exporter="none")
+        print(hooks._watcher.helper.pid, flush=True)
+        ctypes.CDLL(None).system(b"sleep 30")
+        """
+    )
+    try:
+        helper = int(process.stdout.readline())
+        os.kill(helper, signal.SIGKILL)
+        assert _wait_until(lambda: _gone_or_zombie(helper))
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == -signal.SIGTERM
+        assert time.monotonic() - started < 5
+    finally:
+        _stop_group(process)
+
+    process = _start_in_own_group(
+        """
+        import otel_training
+        from otel_training.events import hooks
+        otel_training.configure(exporter="none")
+        print(hooks._watcher.helper.pid, flush=True)
+        """
+    )
+    try:
+        helper = int(process.stdout.readline())
+        assert process.wait(timeout=15) == 0
+        assert _wait_until(lambda: _gone_or_zombie(helper)), "the helper outlived its process"
+    finally:
+        _stop_group(process)
+
+
+def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path: Path) -> None:
+    """A script's own SIGTERM handler (checkpoint, then carry on), installed after ``configure()``,
+    keeps the signal, as without the library: the watcher thread used to kill the process anyway
+    while its main thread waited in C.
+    """
+    process = _start_in_own_group(
+        f"""
+        import ctypes, signal, otel_training
+        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("checkpointing", flush=True))
+        print("blocked", flush=True)
+        ctypes.CDLL(None).system(b"sleep 1")
+        print("carried on", flush=True)
+        """
+    )
+    try:
+        assert process.stdout.readline().strip() == "blocked"
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        _stop_group(process)
+    assert process.returncode == 0, stderr
+    assert stdout.split() == ["checkpointing", "carried", "on"]
 
 
 def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:

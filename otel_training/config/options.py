@@ -241,9 +241,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("exception_hooks", _parse_bool, True,
            "Record uncaught exceptions (sys/threading excepthook), end open spans as ERROR, flush."),
     Option("signal_hooks", _parse_bool, True,
-           "Record termination signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT), end open spans, flush."),
+           "Record termination signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT), end open spans, flush; on "
+           "Linux a small helper process makes sure the signal still kills a rank that holds the GIL "
+           "([Delivery guarantees](#delivery-guarantees))."),
     Option("exit_timeout_s", _parse_seconds, 2.0,
-           "Bound on the flush at process exit, on a fatal signal or an uncaught exception."),
+           "Bound on the way out: the flushes at process exit, on a fatal signal and on an uncaught exception "
+           "share it (an exception's flush and the exit-time shutdown after it take `exit_timeout_s` together, "
+           "not each)."),
     # DLRover-compatible event log.
     Option("dlrover_log", _optional(_parse_path), None,
            "Write a DLRover-format event log to this file (BEGIN at span start, END at span end)."),

@@ -156,6 +156,9 @@ class Telemetry:
         #: Wall-clock ns at which this process was created (the resource's ``process.creation.time``,
         #: from the OS; else now): where this life's time starts, live as in the report.
         self.process_start_ns: int = creation_time_ns(self.resource.attributes) or time.time_ns()
+        # The way out gets ``exit_timeout_s`` once, however many steps it takes (see ``exit_budget_s``).
+        self._exit_spent_s = 0.0
+        self._exit_flush_started: float | None = None
         self._metric_exporter: MetricExporter | None = None
 
         # A stand-in for a failed configuration reads none of the environment that failed
@@ -300,9 +303,34 @@ class Telemetry:
         finally:
             self._shutdown_lock.release()
 
+    def exit_budget_s(self) -> float:
+        """What is left of ``exit_timeout_s`` for the way out.
+
+        An uncaught exception is flushed by the exception hook and then again by the
+        exit-time shutdown (and a signal may come in between): each taking the whole
+        budget made the exit take a multiple of it against a collector that never
+        answers. The time the exit flushes have spent is charged here instead of
+        the time since they began, so a process that goes on after its main thread
+        died (non-daemon threads) still has its budget for the final shutdown.
+        """
+        spent = self._exit_spent_s
+        started = self._exit_flush_started
+        if started is not None:
+            spent += time.monotonic() - started
+        return max(0.0, self.options["exit_timeout_s"] - spent)
+
+    def exit_flush(self) -> FlushResult:
+        """``force_flush`` on the way out: within, and charged to, ``exit_budget_s``."""
+        self._exit_flush_started = time.monotonic()
+        try:
+            return self.force_flush(self.exit_budget_s())
+        finally:
+            self._exit_spent_s += time.monotonic() - self._exit_flush_started
+            self._exit_flush_started = None
+
     def _atexit(self) -> None:
         if not self.is_shut_down:
-            self.shutdown(timeout_s=self.options["exit_timeout_s"])
+            self.shutdown(timeout_s=self.exit_budget_s())
 
 
 def _version() -> str:

@@ -16,6 +16,14 @@ action at the C level and re-raises, however busy the main thread is. A second
 signal during that bounded flush does not restart it, and a forked child (a
 DataLoader or Pool worker) drops the hooks: its copies of the parent's open
 spans are not its own to end.
+
+A main thread in a C call that holds the GIL runs no Python at all, the watcher
+included. For that case those handlers are one-shot (the kernel restores the
+default action as it delivers the signal; Python re-installs them when it takes
+the signal in hand), and a helper process (``_signal_helper``) that reads the
+wakeup fd sends the signal again ``exit_timeout_s`` after it arrived if no Python
+took it in hand by then: the process dies of it within the budget, with the exit
+status it would have without the library.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from __future__ import annotations
 import gc
 import math
 import os
+import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +49,7 @@ from opentelemetry.trace import Status, StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.config.telemetry import Telemetry, get_telemetry
+from otel_training.events import _signal_helper
 
 FATAL_SIGNALS = tuple(
     getattr(signal, name)
@@ -56,6 +67,14 @@ _owner_pid = os.getpid()
 # Taken by the first thread that starts terminating the process; set when it is done.
 _terminating = threading.Lock()
 _terminated = threading.Event()
+# The thread that took ``_terminating``, and when (time.monotonic()) the process dies at the latest.
+_flusher: int | None = None
+_exit_deadline = math.inf
+# A thread waiting for another's flush gives it this long past the deadline to die of the signal itself.
+_DEADLINE_GRACE_S = 0.1
+# The signal the process is dying of, once one is; no handler is put back after that.
+_dying_of: int | None = None
+_dying = False
 
 
 def open_spans(telemetry: Telemetry) -> list[Span]:
@@ -105,7 +124,11 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     if telemetry is not None:
         end_open_spans(telemetry, sc.EVENT_EXCEPTION, _exception_attributes(exc_type, exc, tb),
                        f"{exc_type.__name__}: {exc}")
-        contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
+        if sys.flags.interactive or hasattr(sys, "ps1"):
+            # An interactive session goes on after an exception: this is no way out.
+            contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
+        else:
+            contained()(telemetry.exit_flush)()
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
 
@@ -134,6 +157,8 @@ def _signal_attributes(signum: int, frame: FrameType | None) -> dict[str, Any]:
 
 def _die_of(signum: int) -> None:
     """Restore the default action and re-raise, from any thread."""
+    global _dying
+    _dying = True  # before the default action is restored: _rearm must not undo it
     if threading.current_thread() is threading.main_thread():
         signal.signal(signum, signal.SIG_DFL)
     else:  # signal.signal() is main-thread only; libc's is not
@@ -146,26 +171,108 @@ def _die_of(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """The default action, preceded by ending the open spans and a bounded flush."""
+def _set_deadline(signum: int, arrived: float) -> None:
+    """The process dies of ``signum`` within the exit budget counted from ``arrived``, or sooner."""
+    global _exit_deadline, _dying_of
     telemetry = _owned_telemetry()
-    timeout_s = telemetry.options["exit_timeout_s"] if telemetry is not None else 0.0
+    deadline = arrived + (telemetry.exit_budget_s() if telemetry is not None else 0.0)
+    if deadline < _exit_deadline:
+        _exit_deadline = deadline
+    if _dying_of is None:
+        _dying_of = signum
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """The default action, preceded by ending the open spans and a flush bounded by the exit budget."""
+    global _flusher
+    _rearm(signum)
+    telemetry = _owned_telemetry()
+    _set_deadline(signum, time.monotonic())
     if not _terminating.acquire(blocking=False):
-        # Another thread (or an outer call) is already flushing: wait for it,
-        # bounded, rather than start over or return to training.
-        _terminated.wait(timeout_s + 1.0)
+        if _flusher == threading.get_ident():
+            # A signal during our own flush, whose handler runs nested inside it:
+            # waiting here would hold that flush up past its deadline. Let it finish.
+            return
+        # Another thread is flushing: wait for it until the deadline rather than
+        # start over or return to training.
+        _terminated.wait(max(0.0, _exit_deadline - time.monotonic()) + _DEADLINE_GRACE_S)
         _die_of(signum)
         return
+    _flusher = threading.get_ident()
     try:
         if telemetry is not None:
             if frame is None:  # on the watcher thread: say where the main thread was
                 frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
             name = signal.Signals(signum).name
             end_open_spans(telemetry, sc.EVENT_SIGNAL, _signal_attributes(signum, frame), f"terminated by {name}")
-            contained()(telemetry.shutdown)(timeout_s)
+            contained()(telemetry.shutdown)(_exit_deadline - time.monotonic())
     finally:
         _terminated.set()
     _die_of(signum)
+
+
+_SA_ONSTACK = 0x08000000
+_SA_RESETHAND = 0x80000000
+# signum -> the C-level action that puts our handler back, one-shot (Linux only).
+_one_shot: dict[int, Any] = {}
+
+
+def _libc_sigaction() -> tuple[Any, type]:
+    """libc's sigaction, called without releasing the GIL, as ``signal.signal`` calls it."""
+    import ctypes
+
+    class Sigaction(ctypes.Structure):  # Linux, glibc and musl alike: handler, 1024-bit mask, flags, restorer
+        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ubyte * 128), ("flags", ctypes.c_int),
+                    ("restorer", ctypes.c_void_p)]
+
+    sigaction = ctypes.PyDLL(None).sigaction
+    sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(Sigaction), ctypes.POINTER(Sigaction)]
+    sigaction.restype = ctypes.c_int
+    return sigaction, Sigaction
+
+
+def _make_one_shot(signum: int) -> bool:
+    """Have the kernel restore the default action of ``signum`` as it delivers it.
+
+    Then a process that runs no Python after the signal (the GIL held for good)
+    is left with the default action in force, which the signal helper can
+    deliver. CPython's own handler is kept, flags and all, with SA_RESETHAND added.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        sigaction, Sigaction = _libc_sigaction()
+        action = Sigaction()
+        if sigaction(signum, None, ctypes.byref(action)) != 0:
+            return False
+        if action.handler in (None, 0, 1) or not action.flags & _SA_ONSTACK:
+            return False  # not CPython's handler as 3.10+ installs it: the layout is not what we think
+        action.flags = ctypes.c_int(action.flags | _SA_RESETHAND).value
+        if sigaction(signum, ctypes.byref(action), None) != 0:
+            return False
+    except (OSError, AttributeError, TypeError):
+        return False
+    _one_shot[signum] = (sigaction, action)
+    return True
+
+
+def _rearm(signum: int) -> None:
+    """Put our one-shot handler back after a delivery, so a further signal during the flush does not kill at once.
+
+    Only over the default action the delivery left: a handler that C code
+    installed since (Python's table does not see it) is not ours to replace.
+    """
+    entry = _one_shot.get(signum)
+    if entry is None or _dying or signal.getsignal(signum) is not _signal_handler:
+        return
+    import ctypes
+
+    sigaction, action = entry
+    current = type(action)()
+    if sigaction(signum, None, ctypes.byref(current)) == 0 and not current.handler:
+        sigaction(signum, ctypes.byref(action), None)
 
 
 def _signal_handler(signum: int, frame: FrameType | None) -> None:
@@ -192,11 +299,20 @@ def _signal_handler(signum: int, frame: FrameType | None) -> None:
 
 
 class _SignalWatcher:
-    """A thread woken through ``signal.set_wakeup_fd`` that terminates even while the main thread is in C."""
+    """A thread woken through ``signal.set_wakeup_fd`` that terminates even while the main thread is in C.
+
+    With the signal helper running, the helper reads the wakeup fd and passes each
+    signal on with the time it arrived; without it (it could not start, or died),
+    the thread reads the wakeup fd itself. The thread only dispatches: the flush
+    runs in a thread of its own, so that the watcher can put the one-shot handler
+    back after every further signal and end the process at the deadline.
+    """
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)
+        self.forward_fd = -1
+        self.helper: subprocess.Popen[bytes] | None = None
         try:
             previous = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         except ValueError:
@@ -206,34 +322,122 @@ class _SignalWatcher:
                 signal.set_wakeup_fd(previous)
             self.close()
             raise RuntimeError("the signal wakeup fd is in use")
+        self._start_helper()
         self.thread = threading.Thread(target=self._run, name="otel-training-signals", daemon=True)
         self.thread.start()
 
+    def _start_helper(self) -> None:
+        helper = _signal_helper.__file__
+        if not sys.platform.startswith("linux") or not helper or not os.path.isfile(helper):
+            return
+        if "python" not in os.path.basename(sys.executable or "").lower():
+            return  # embedded (uwsgi, say): sys.executable would start something else
+        forward_read, forward_write = os.pipe()
+        try:
+            self.helper = subprocess.Popen(
+                [sys.executable, "-I", "-S", helper, str(os.getpid()), str(self.read_fd), str(forward_write)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(self.read_fd, forward_write), start_new_session=True,
+            )
+        except OSError:
+            os.close(forward_read)
+            return
+        finally:
+            os.close(forward_write)
+        self.forward_fd = forward_read
+
+    def configure_helper(self, exit_timeout_s: float, signums: list[int]) -> None:
+        """Tell the helper the budget and which signals it delivers the default action of."""
+        if self.helper is None or self.helper.stdin is None:
+            return
+        try:
+            self.helper.stdin.write(f"{exit_timeout_s!r} {' '.join(str(int(signum)) for signum in signums)}\n".encode())
+            self.helper.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
     def _run(self) -> None:
+        pending = b""
         while True:
-            try:
-                data = os.read(self.read_fd, 64)
-            except OSError:
+            left = _exit_deadline + _DEADLINE_GRACE_S - time.monotonic()
+            if left <= 0 and _dying_of is not None:
+                _die_of(_dying_of)  # the flush overran its deadline, or Python got to the signal late
                 return
+            from_helper = self.forward_fd >= 0
+            fd = self.forward_fd if from_helper else self.read_fd
+            try:
+                if not _readable(fd, left):
+                    continue
+                data = os.read(fd, _RECORD * 64)
+            except (OSError, ValueError):
+                return
+            if not data and from_helper:  # the helper is gone: read the wakeup fd ourselves
+                os.close(self.forward_fd)
+                self.forward_fd = -1
+                helper = self.helper
+                if helper is not None:
+                    helper.poll()  # reaped, not left a zombie
+                continue
             if not data:
                 return
-            for signum in data:
-                if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
-                    continue
-                if time.monotonic() - _last_foreign_fork < _FORK_GRACE_S:
-                    # A child forked from another thread inherited the wakeup fd for a moment:
-                    # the byte may be its signal. Leave it to the main-thread handler.
-                    continue
+            if from_helper:  # records of a signal number and CLOCK_MONOTONIC nanoseconds
+                pending += data
+                whole = len(pending) - len(pending) % _RECORD
+                records = [(pending[at], int.from_bytes(pending[at + 1:at + _RECORD], "little") / 1e9)
+                           for at in range(0, whole, _RECORD)]
+                pending = pending[whole:]
+            else:
+                records = [(signum, time.monotonic()) for signum in data]
+            for signum, arrived in records:
+                self._dispatch(signum, arrived)
+
+    @staticmethod
+    def _dispatch(signum: int, arrived: float) -> None:
+        if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
+            return
+        if signal.getsignal(signum) is not _signal_handler:
+            return  # the program installed its own handler since: the signal is its to handle
+        if time.monotonic() - _last_foreign_fork < _FORK_GRACE_S:
+            # A child forked from another thread inherited the wakeup fd for a moment:
+            # the byte may be its signal. Leave it to the main-thread handler.
+            return
+        _rearm(signum)
+        _set_deadline(signum, arrived)
+        if not _terminating.locked():
+            try:
+                threading.Thread(target=_terminate, args=(signum, None), name="otel-training-terminate",
+                                 daemon=True).start()
+            except RuntimeError:  # no new threads at interpreter shutdown: flush from here
                 _terminate(signum, None)
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
+        """Close the pipes and stop the helper (a forked child only lets go of its copies)."""
+        helper, self.helper = self.helper, None
+        if helper is not None and helper.stdin is not None:
+            try:
+                helper.stdin.close()  # the helper's cue to exit
+            except OSError:
+                pass
+            if os.getpid() == _owner_pid:
+                try:
+                    helper.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    helper.kill()
+        for fd in (self.read_fd, self.write_fd, self.forward_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Wait for ``fd`` to be readable (poll, not select: a busy process may be past fd 1024)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s == math.inf else max(0, math.ceil(timeout_s * 1000))))
+
+
+_RECORD = _signal_helper.RECORD_BYTES
 _watcher: _SignalWatcher | None = None
 _last_foreign_fork = -math.inf
 _FORK_GRACE_S = 5.0
@@ -269,6 +473,12 @@ def install(telemetry: Telemetry) -> None:
                     _watcher = _SignalWatcher()
                 except (RuntimeError, OSError):
                     _watcher = None  # the main-thread handler still works, once the main thread runs Python
+            if _watcher is not None and _watcher.helper is not None:
+                # One-shot only with a helper to deliver the default action they leave in force.
+                for signum, previous in _installed_signals.items():
+                    if previous is signal.SIG_DFL and signum not in _one_shot:
+                        _make_one_shot(signum)
+                _watcher.configure_helper(telemetry.options["exit_timeout_s"], sorted(_one_shot))
 
 
 def uninstall() -> None:
@@ -288,10 +498,11 @@ def uninstall() -> None:
             _installed_excepthook = False
         for signum, previous in list(_installed_signals.items()):
             try:
-                signal.signal(signum, previous)
+                signal.signal(signum, previous)  # one-shot no more: Python installs it without SA_RESETHAND
             except (ValueError, OSError):
                 pass
             del _installed_signals[signum]
+            _one_shot.pop(signum, None)
 
 
 def _before_fork() -> None:
@@ -318,7 +529,7 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child drops the hooks: the parent's open spans are not its to end."""
-    global _watcher, _terminating, _terminated
+    global _watcher, _terminating, _terminated, _flusher, _exit_deadline, _dying_of, _dying
     if _watcher is not None:
         try:
             signal.set_wakeup_fd(-1)  # else the child's signals would wake the parent's watcher
@@ -326,7 +537,8 @@ def _after_fork_in_child() -> None:
             pass
         _watcher.close()
         _watcher = None
-    _terminating, _terminated = threading.Lock(), threading.Event()
+    _terminating, _terminated, _flusher, _exit_deadline = threading.Lock(), threading.Event(), None, math.inf
+    _dying_of, _dying = None, False
     try:
         uninstall()
     except Exception:  # noqa: BLE001 - never break a fork
