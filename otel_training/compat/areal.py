@@ -905,6 +905,7 @@ def _cuda_available() -> bool:
         return False
 
 
+@contained(default=None)
 def _span_event(name: str, category: CategoryLike, args: Mapping[str, Any] | None) -> None:
     """An instant: an event on the current span, or on the process span when none is current."""
     attributes = to_attributes(args)
