@@ -518,3 +518,15 @@ def test_bad_arguments_files_and_profilers_cost_a_log_line_not_the_run(tmp_path,
     perf_tracer.trace_session_event("mark_finalized", session_id=0, status="accepted")  # no session tracer
     perf_tracer.instant("mark", args=["not", "a", "mapping"])  # type: ignore[arg-type]
     assert perf_tracer.register_session(1) is None
+
+
+def test_written_sessions_and_finished_tasks_are_not_kept(tmp_path):
+    tracer = perf_tracer.configure(make_config(tmp_path, sessions=True, flush_threshold=1), rank=0).session_tracer
+    for task_id in range(50):
+        perf_tracer.register_task(task_id)
+        session = perf_tracer.register_session(task_id)
+        if task_id % 2:
+            perf_tracer.trace_session_event("mark_finalized", session_id=session, status="accepted")
+    perf_tracer.save(force=True)
+    assert len(lines(trial_dir(tmp_path) / "session_tracer" / "sessions-r0.jsonl")) == 50
+    assert tracer._records == {} and tracer._task_sessions == {} and tracer._tasks == {}

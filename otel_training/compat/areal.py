@@ -514,14 +514,14 @@ class SessionTracer:
             for record in records:
                 self._records.pop(record.session_id, None)
                 self._ready.discard(record.session_id)
+                task = self._close_span(record)
+                if task is not None:
+                    tasks.append(task)
                 sessions = self._task_sessions.get(record.task_id)
                 if sessions is not None:
                     sessions.discard(record.session_id)
                     if not sessions and record.task_id not in self._tasks:
-                        del self._task_sessions[record.task_id]
-                task = self._close_span(record)
-                if task is not None:
-                    tasks.append(task)
+                        del self._task_sessions[record.task_id]  # AReaL keeps every task's ids for the whole run
         for task in tasks:
             _emit_task(task)
         if records and not _append_lines(self._output_path, [r.to_dict() for r in records]):
