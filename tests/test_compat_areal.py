@@ -530,3 +530,18 @@ def test_written_sessions_and_finished_tasks_are_not_kept(tmp_path):
     perf_tracer.save(force=True)
     assert len(lines(trial_dir(tmp_path) / "session_tracer" / "sessions-r0.jsonl")) == 50
     assert tracer._records == {} and tracer._task_sessions == {} and tracer._tasks == {}
+
+
+def test_an_incomplete_config_traces_without_files(configure, tmp_path, monkeypatch):
+    telemetry = configure()
+    monkeypatch.chdir(tmp_path)
+    tracer = perf_tracer.configure(types.SimpleNamespace(enabled=True, fileroot=None, experiment_name="exp",
+                                                         trial_name="???", session_tracer={"enabled": True}), rank=0)
+    assert tracer.output_path is None and tracer.session_tracer.output_path is None
+    with perf_tracer.trace_scope("still.a.span"):
+        session = perf_tracer.register_session(1)
+        perf_tracer.trace_session_event("mark_finalized", session_id=session, status="accepted")
+    perf_tracer.save(force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traces"]  # the spans' directory only
+    spans = spans_of(telemetry)
+    assert by_name(spans, "still.a.span") and by_name(spans, sc.SPAN_ROLLOUT_SESSION)

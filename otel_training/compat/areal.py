@@ -149,9 +149,12 @@ def _user() -> str:
 def _output_path(config: Any, rank: int, role: str | None, subdir: str, stem: str) -> str | None:
     """AReaL's layout, so its converter and plotting tools find the files; None where it cannot be built."""
     try:
-        base = os.path.join(os.path.expanduser(os.path.expandvars(str(_setting(config, "fileroot", None)))),
-                            "logs", _user(), str(_setting(config, "experiment_name", None)),
-                            str(_setting(config, "trial_name", None)), subdir)
+        parts = [_setting(config, name, None) for name in ("fileroot", "experiment_name", "trial_name")]
+        # Unset (None, OmegaConf's "???"): AReaL fails on these; a directory named "None" is no better.
+        if any(not isinstance(part, str | os.PathLike) or str(part) in ("", "???") for part in parts):
+            raise ValueError(f"fileroot, experiment_name and trial_name must be set, not {parts!r}")
+        base = os.path.join(os.path.expanduser(os.path.expandvars(str(parts[0]))), "logs", _user(), str(parts[1]),
+                            str(parts[2]), subdir)
         if role:
             base = os.path.join(base, role)
         return os.path.join(base, f"{stem}-r{rank}.jsonl")
