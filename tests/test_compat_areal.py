@@ -545,3 +545,28 @@ def test_an_incomplete_config_traces_without_files(configure, tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["traces"]  # the spans' directory only
     spans = spans_of(telemetry)
     assert by_name(spans, "still.a.span") and by_name(spans, sc.SPAN_ROLLOUT_SESSION)
+
+
+def test_a_workflows_own_phases_are_recorded_after_areals_three(tmp_path):
+    perf_tracer.configure(make_config(tmp_path, sessions=True), rank=0)
+    perf_tracer.set_task_id(1)
+
+    @perf_tracer.trace_session("run_agent")  # AReaL's own agent workflow uses this phase
+    def run_agent() -> str:
+        with perf_tracer.trace_session_phase("total"):  # would shadow total_s: kept in phases only
+            with perf_tracer.trace_session_phase("reward"):
+                return "done"
+
+    @perf_tracer.session_context()
+    def episode() -> int | None:
+        assert run_agent() == "done"
+        return perf_tracer.get_session_id()
+
+    session = episode()
+    perf_tracer.trace_session_event("mark_finalized", session_id=session, status="accepted")
+    (record,) = lines(trial_dir(tmp_path) / "session_tracer" / "sessions-r0.jsonl")
+    keys = list(record)
+    assert keys.index("reward_s") < keys.index("run_agent_s") < keys.index("phases")
+    assert record["run_agent_s"] >= record["reward_s"]
+    assert record["total_s"] == pytest.approx(record["finalized_ts"] - record["submit_ts"])
+    assert set(record["phases"]) == {"run_agent", "total", "reward"}
