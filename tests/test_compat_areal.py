@@ -570,3 +570,30 @@ def test_a_workflows_own_phases_are_recorded_after_areals_three(tmp_path):
     assert record["run_agent_s"] >= record["reward_s"]
     assert record["total_s"] == pytest.approx(record["finalized_ts"] - record["submit_ts"])
     assert set(record["phases"]) == {"run_agent", "total", "reward"}
+
+
+def test_trace_perf_on_coroutines_keeps_their_result_and_exception(configure, tmp_path):
+    telemetry = configure()
+    tracer = perf_tracer.configure(make_config(tmp_path), rank=0)
+
+    @perf_tracer.trace_perf("rollout.generate", category=perf_tracer.Category.COMPUTE)
+    async def generate(n: int) -> list[int]:
+        async with perf_tracer.atrace_scope("rollout.decode", category="compute"):
+            await asyncio.sleep(0)
+        if n < 0:
+            raise ValueError("negative")
+        return list(range(n))
+
+    assert generate.__name__ == "generate"
+    assert asyncio.run(generate(3)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="negative"):
+        asyncio.run(generate(-1))
+    perf_tracer.save()
+    complete = [e for e in lines(Path(tracer.output_path)) if e["ph"] == "X"]
+    assert [(e["name"], e["args"].get("exception")) for e in complete] == [
+        ("rollout.decode", None), ("rollout.generate", None), ("rollout.decode", None),
+        ("rollout.generate", "ValueError")]
+    spans = spans_of(telemetry)
+    generates = by_name(spans, "rollout.generate")
+    assert sorted(s["status"].get("code", 0) for s in generates) == [0, 2]
+    assert {s["parent_id"] for s in by_name(spans, "rollout.decode")} == {s["span_id"] for s in generates}
