@@ -26,11 +26,14 @@ def record_span(
     attributes: Mapping[str, Any],
     parent: Span | None = None,
     target: str = sc.TARGET_TRAINER,
-    error: BaseException | None = None,
-) -> None:
+    error: BaseException | str | None = None,
+) -> Span:
     """Emit a finished span ``[start_ns, end_ns]`` (wall-clock ns) under ``parent`` (or the current span).
 
-    An ``error`` (other than StopIteration) is recorded and sets status ERROR.
+    An ``error`` (other than StopIteration) is recorded and sets status ERROR; a
+    string is the message of a failure that has no exception (a rollout session
+    marked failed). The ended span is returned so that work recorded after it,
+    with its own measured times, can be its children.
     """
     rt = runtime()
     attrs = {sc.EVENT_TARGET: target, sc.EVENT_NAME: event_name}
@@ -38,8 +41,12 @@ def record_span(
     context = trace_api.set_span_in_context(parent) if parent is not None else None
     span = rt.tracer.start_span(name, context=context, attributes=attrs, start_time=start_ns)
     rt.charge(span.get_span_context().trace_id)
-    if error is not None and not isinstance(error, StopIteration):
+    if isinstance(error, str):
+        span.set_attribute(sc.ERROR_TYPE, "error")
+        span.set_status(Status(StatusCode.ERROR, error[:512] or None))
+    elif error is not None and not isinstance(error, StopIteration):
         span.record_exception(error, escaped=True)
         span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
     span.end(end_time=max(end_ns, start_ns))
+    return span
