@@ -511,3 +511,21 @@ def test_sdk_disabled_logs_no_internal_error(configure, monkeypatch, caplog) -> 
             with trainer.step(global_step=0):
                 pass
     assert not [r for r in caplog.records if "internal error" in r.getMessage()], caplog.text
+
+
+def test_uncaught_exception_attributes_are_always_encodable() -> None:
+    # Issue 13 item 4: an exception message with a lone surrogate (or a __str__ that raises) must not
+    # lose the spans the exception hook ends at export.
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    from otel_training.events.hooks import _exception_attributes
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    for error in (ValueError("bad byte \udcff in a path"), Unprintable()):
+        attributes = _exception_attributes(type(error), error, None)
+        for value in attributes.values():
+            if isinstance(value, str):
+                AnyValue(string_value=value).SerializeToString()  # raises on a lone surrogate

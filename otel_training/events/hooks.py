@@ -48,6 +48,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
+from otel_training.events.attributes import text
 from otel_training.config.telemetry import Telemetry, get_telemetry
 from otel_training.events import _signal_helper
 
@@ -103,10 +104,15 @@ def end_open_spans(telemetry: Telemetry, event: str, attributes: dict[str, Any],
 
 
 def _exception_attributes(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> dict[str, Any]:
+    """Text the exporters can encode, whatever the exception's ``__str__`` does (raises, lone surrogates)."""
+    try:
+        stack = "".join(traceback.format_exception(exc_type, exc, tb))
+    except Exception:  # noqa: BLE001 - format_exception calls str(exc)
+        stack = "".join(traceback.format_tb(tb)) + f"{exc_type.__qualname__}: <unprintable>"
     return {
-        sc.EXCEPTION_TYPE: exc_type.__qualname__,
-        sc.EXCEPTION_MESSAGE: str(exc)[:4096],
-        sc.EXCEPTION_STACKTRACE: "".join(traceback.format_exception(exc_type, exc, tb))[-16384:],
+        sc.EXCEPTION_TYPE: text(exc_type.__qualname__),
+        sc.EXCEPTION_MESSAGE: text(exc)[:4096],
+        sc.EXCEPTION_STACKTRACE: text(stack)[-16384:],
         "exception.escaped": True,
     }
 
@@ -123,7 +129,7 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     telemetry = _owned_telemetry()
     if telemetry is not None:
         end_open_spans(telemetry, sc.EVENT_EXCEPTION, _exception_attributes(exc_type, exc, tb),
-                       f"{exc_type.__name__}: {exc}")
+                       f"{exc_type.__name__}: {text(exc)}")
         if sys.flags.interactive or hasattr(sys, "ps1"):
             # An interactive session goes on after an exception: this is no way out.
             contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
