@@ -135,7 +135,8 @@ def test_the_writer_never_holds_up_training_it_drops_and_counts(tmp_path: Path) 
     fifo = tmp_path / "events"
     fifo.mkdir()
     os.mkfifo(fifo / "events_0.log")  # opening it blocks until a reader comes: a stuck disk
-    exporter = dlrover.TextFileExporter(fifo, max_queue_size=4)
+    exporter = dlrover.AsyncExporter(dlrover.TextFileExporter(fifo), max_queue_size=4)
+    exporter.start()
     process = dlrover.Process("t", exporter)
     started = time.monotonic()
     for index in range(50):

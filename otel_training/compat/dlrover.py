@@ -38,6 +38,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import traceback
 import uuid
 import weakref
@@ -56,6 +57,7 @@ from otel_training.events.duration import HostWork, StepDuration
 from otel_training.events.process import Process as _SpanProcess
 
 __all__ = [
+    "AsyncExporter",
     "CommonEventName",
     "CommonPredefined",
     "Config",
@@ -352,47 +354,97 @@ class EventExporter:
 _STOP = object()
 
 
-class _QueuedExporter(EventExporter):
-    """Formats an event when it happens and writes the line on a background thread.
+class _LineExporter(EventExporter):
+    """Formats each event and writes it as one line, flushed: DLRover's synchronous exporters."""
 
-    The line says what the content was at that moment, and a slow or stuck disk
-    costs dropped, counted lines, never a stalled training step. The writer
-    flushes whenever it has caught up, so a line is in the file within
-    milliseconds of its event, instants included: a master tails the file.
+    def __init__(self, formatter: LogFormatter | JsonFormatter | None = None) -> None:
+        self._formatter = formatter if formatter is not None else LogFormatter()
+        self._stream: TextIO | None = None
+
+    def format(self, event: Event) -> str:
+        return self._formatter.format(event)
+
+    def export(self, event: Event) -> None:
+        self.write(self.format(event))
+
+    def write(self, line: str) -> None:
+        stream = self._stream if self._stream is not None else self._open()
+        stream.write(line + "\n")
+        stream.flush()
+
+    def _open(self) -> TextIO:
+        raise NotImplementedError
+
+
+class TextFileExporter(_LineExporter):
+    """DLRover's log file, ``<file_dir>/events_<RANK>.log``: created owner-only, never through a symlink."""
+
+    def __init__(self, file_dir: str | os.PathLike[str], formatter: LogFormatter | JsonFormatter | None = None, *,
+                 file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
+        super().__init__(formatter)
+        self.path = os.path.join(os.fspath(file_dir), f"events_{_rank()}.log")
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+
+    def _open(self) -> TextIO:
+        fd = open_for_append(self.path, self.file_mode, self.dir_mode)
+        # A lone surrogate (a path decoded with surrogateescape) is written as its \\udcXX escape.
+        self._stream = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+        return self._stream
+
+    def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
+class ConsoleExporter(_LineExporter):
+    """The lines on standard output (``DLROVER_EVENT_EXPORTER=CONSOLE``)."""
+
+    def write(self, line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class AsyncExporter(EventExporter):
+    """Hands events to another exporter on a background thread, behind a bounded queue.
+
+    The training thread never waits for a disk: an event past the bound is
+    dropped and counted. Our own exporters' lines are formatted here, when the
+    event happens, so a line says what its content was then (a dict the
+    training loop later changes does not change it); the writer flushes each
+    line, so a tailing master sees an instant within milliseconds.
     """
 
-    def __init__(self, formatter: LogFormatter | JsonFormatter | None = None, max_queue_size: int = 1024) -> None:
-        self._formatter = formatter if formatter is not None else LogFormatter()
-        self.written = 0
-        # One counter per writing side, so that no increment is lost between threads.
-        self._refused = 0  # callers: queue full, or a line that could not be formatted
-        self._unwritable = 0  # writer thread
+    def __init__(self, exporter: EventExporter, max_queue_size: int = 1024) -> None:
+        self._inner_exporter = exporter
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
+        self._running = False
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
-        self._closed = False
+        # One counter per writing side, so that no increment is lost between threads.
+        self._refused = 0  # callers: queue full, or an event that could not be formatted
+        self._errors = 0  # writer thread: the inner exporter raised
+        self._lost_at_close = 0
+        self._leftover: list[Any] = []
+        self.written = 0
         _exporters.add(self)
 
     @property
     def dropped(self) -> int:
-        """Lines lost: past the queue's bound, unformattable, or unwritable (a symlink refused, a full disk)."""
-        return self._refused + self._unwritable
+        """Events lost: past the queue's bound, unformattable, or left when ``close`` ran out of time."""
+        return self._refused + self._lost_at_close
 
-    def export(self, event: Event) -> None:
-        if self._closed:
+    def get_metrics(self) -> dict[str, int]:
+        return {"queue_size": self._queue.qsize(), "queue_maxsize": self._queue.maxsize,
+                "dropped_events": self.dropped, "error_events": self._errors}
+
+    def start(self) -> None:
+        if self._running:
             return
-        try:
-            line = self._formatter.format(event)
-        except Exception:  # noqa: BLE001
-            self._refused += 1
-            log_once("dlrover-compat:format", "otel_training: could not format a DLRover event; it is dropped")
-            return
-        if self._thread is None:
-            self._start_thread()
-        try:
-            self._queue.put_nowait(line)
-        except queue.Full:
-            self._refused += 1
+        self._inner_exporter.start()
+        self._running = True
+        self._start_thread()
 
     def _start_thread(self) -> None:
         with self._thread_lock:
@@ -401,43 +453,56 @@ class _QueuedExporter(EventExporter):
                 thread.start()
                 self._thread = thread
 
-    def _stream(self) -> TextIO:
-        raise NotImplementedError
+    def export(self, event: Event) -> None:
+        if not self._running:
+            return
+        item: Any = event
+        if isinstance(self._inner_exporter, _LineExporter):
+            try:
+                item = self._inner_exporter.format(event)
+            except Exception:  # noqa: BLE001
+                self._refused += 1
+                log_once("dlrover-compat:format", "otel_training: could not format a DLRover event; it is dropped")
+                return
+        if self._thread is None:  # first event in a forked child
+            self._start_thread()
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self._refused += 1
 
-    def _release(self, stream: TextIO | None) -> None:
-        pass
+    def _export(self, item: Any) -> None:
+        try:
+            if isinstance(item, str):
+                self._inner_exporter.write(item)  # type: ignore[attr-defined]
+            else:
+                self._inner_exporter.export(item)
+            self.written += 1
+        except SymlinkRefused as error:
+            self._errors += 1
+            log_once(f"dlrover-compat:{error.filename}", "otel_training: not writing the DLRover event log %s: it "
+                     "is a symbolic link, which is not followed (remove it); events are counted as errors",
+                     error.filename, exc_info=False)
+        except Exception:  # noqa: BLE001
+            self._errors += 1
+            log_once(f"dlrover-compat:export:{id(self)}", "otel_training: cannot write a DLRover event")
 
     def _run(self) -> None:
-        stream = None
         while True:
             item = self._queue.get()
             if item is _STOP:
-                self._release(stream)
                 return
-            try:
-                if isinstance(item, threading.Event):
-                    if stream is not None:
-                        stream.flush()
-                    item.set()
-                    continue
-                if stream is None:
-                    stream = self._stream()
-                stream.write(item + "\n")
-                self.written += 1
-                if self._queue.empty():
-                    stream.flush()
-            except SymlinkRefused as error:
-                self._unwritable += 1
-                log_once(f"dlrover-compat:{error.filename}", "otel_training: not writing the DLRover event log %s: "
-                         "it is a symbolic link, which is not followed (remove it); lines are counted as dropped",
-                         error.filename, exc_info=False)
-            except Exception:  # noqa: BLE001
-                self._unwritable += 1
-                log_once(f"dlrover-compat:write:{id(self)}", "otel_training: cannot write the DLRover event log")
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            if not self._running:  # closing: ``close`` writes it, if its time allows
+                self._leftover.append(item)
+                return
+            self._export(item)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait (at most ``timeout_s``) until every line exported so far is written and flushed."""
-        if self._thread is None:
+        """Wait (at most ``timeout_s``) until every event exported so far is written."""
+        if not self._running or self._thread is None:
             return True
         done = threading.Event()
         try:
@@ -447,19 +512,29 @@ class _QueuedExporter(EventExporter):
         return done.wait(timeout_s)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (bounded by ``timeout`` seconds), then stop the writer."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop the thread and write what is queued, within ``timeout`` seconds in all; the rest is dropped."""
+        deadline = time.monotonic() + timeout
+        was_running, self._running = self._running, False
         _exporters.discard(self)
         thread = self._thread
-        if thread is None:
-            return
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
-            return
-        thread.join(timeout)
+        if thread is not None and thread.is_alive():
+            try:
+                self._queue.put_nowait(_STOP)  # wake an idle writer; a busy one sees _running
+            except queue.Full:
+                pass
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left = self._leftover + _drain(self._queue)
+        self._leftover = []
+        for item in left:
+            if isinstance(item, threading.Event):
+                item.set()
+            elif item is not _STOP:
+                if (thread is None or not thread.is_alive()) and time.monotonic() < deadline:
+                    self._export(item)
+                else:
+                    self._lost_at_close += 1
+        if was_running:
+            self._inner_exporter.close()
 
     def _after_fork(self) -> None:
         # A forked child (a DataLoader worker) gets an empty queue; its writer starts on its first event.
@@ -468,34 +543,16 @@ class _QueuedExporter(EventExporter):
         self._thread_lock = threading.Lock()
 
 
-class TextFileExporter(_QueuedExporter):
-    """DLRover's log file, ``<file_dir>/events_<RANK>.log``: created owner-only, never through a symlink."""
-
-    def __init__(self, file_dir: str | os.PathLike[str], formatter: LogFormatter | JsonFormatter | None = None,
-                 max_queue_size: int = 1024, *, file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
-        super().__init__(formatter, max_queue_size)
-        self.path = os.path.join(os.fspath(file_dir), f"events_{_rank()}.log")
-        self.file_mode = file_mode
-        self.dir_mode = dir_mode
-
-    def _stream(self) -> TextIO:
-        fd = open_for_append(self.path, self.file_mode, self.dir_mode)
-        # A lone surrogate (a path decoded with surrogateescape) is written as its \\udcXX escape.
-        return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1 << 16)
-
-    def _release(self, stream: TextIO | None) -> None:
-        if stream is not None:
-            stream.close()
+def _drain(items: queue.Queue[Any]) -> list[Any]:
+    drained = []
+    while True:
+        try:
+            drained.append(items.get_nowait())
+        except queue.Empty:
+            return drained
 
 
-class ConsoleExporter(_QueuedExporter):
-    """The lines on standard output (``DLROVER_EVENT_EXPORTER=CONSOLE``)."""
-
-    def _stream(self) -> TextIO:
-        return sys.stdout
-
-
-_exporters: weakref.WeakSet[_QueuedExporter] = weakref.WeakSet()
+_exporters: weakref.WeakSet[AsyncExporter] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -581,10 +638,13 @@ def init_default_exporter() -> None:
         if _default_exporter is not None:
             return
         formatter = JsonFormatter() if config.text_formatter == "JSON" else LogFormatter()
+        lines: EventExporter
         if config.event_exporter == "CONSOLE":
-            _default_exporter = ConsoleExporter(formatter, config.queue_size)
+            lines = ConsoleExporter(formatter)
         else:
-            _default_exporter = TextFileExporter(config.file_dir, formatter, config.queue_size)
+            lines = TextFileExporter(config.file_dir, formatter)
+        # Always asynchronous (DLRover's default is not): the training thread never waits for the disk.
+        _default_exporter = AsyncExporter(lines, config.queue_size)
         _default_exporter.start()
         if not _atexit_registered:
             atexit.register(close_default_exporter)
@@ -600,7 +660,9 @@ def close_default_exporter() -> None:
     global _default_exporter
     with _default_lock:
         exporter, _default_exporter = _default_exporter, None
-    if exporter is not None:
+    if isinstance(exporter, AsyncExporter):
+        exporter.close(timeout=2.0)  # at exit, bounded as otel-training's own flush is
+    elif exporter is not None:
         exporter.close()
 
 
