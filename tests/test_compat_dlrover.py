@@ -8,6 +8,7 @@ instants against BEGIN/END pairs, ``<parent>#<stage>`` stages, ``success`` /
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -341,6 +342,25 @@ def test_a_raising_subclass_method_is_a_no_op_that_chains(log: Log) -> None:
         checkpoint.no_such_method(1).begin()
     assert [r["name"] for r in log.records()] == ["checkpoint", "checkpoint#shard0", "checkpoint#shard0",
                                                   "checkpoint"]
+
+
+class Tools(dlrover.Process):
+    @staticmethod
+    def helper(value: int) -> int:
+        return 10 // value
+
+    @classmethod
+    def make(cls) -> Tools:
+        return cls("tools")
+
+
+def test_static_and_class_methods_stay_what_they_are_and_are_safe_calls(log: Log) -> None:
+    tools = Tools.make()
+    assert isinstance(tools, Tools) and tools.target == "tools"
+    assert Tools.helper(5) == tools.helper(5) == 2
+    assert isinstance(tools.helper(0), dlrover.SafeCallable)
+    duration = tools.duration("d", {"a": 1})
+    assert copy.copy(duration).content == {"a": 1}  # dunder lookups are not swallowed
 
 
 class Unprintable:
