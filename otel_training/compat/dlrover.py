@@ -36,11 +36,12 @@ import json
 import logging
 import os
 import queue
+import random
+import re
 import sys
 import threading
 import time
 import traceback
-import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -219,8 +220,12 @@ def _instant_attributes(name: Any, content: Mapping[Any, Any]) -> dict[str, Any]
 
 # -- the event and its two line formats --------------------------------------
 def generate_event_id() -> str:
-    """A short random id (DLRover's 8 hex digits): a BEGIN and its END share one."""
-    return uuid.uuid4().hex[:8]
+    """A short random id (DLRover's 8 hex digits): a BEGIN and its END share one.
+
+    Not from ``uuid4`` as DLRover's: reading the system's entropy costs more than
+    the rest of a step's events, and an id needs to be distinct, not secret.
+    """
+    return f"{random.getrandbits(32):08x}"
 
 
 #: Beyond what JSON escapes itself: DEL, the C1 controls (NEL ends a line for
@@ -253,11 +258,19 @@ def _salvage(content: Any) -> Any:
     return out
 
 
+#: Finds what the tables above escape, so that the common line skips the translation.
+_JSON_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _JSON_ESCAPES) + "]")
+_FIELD_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _FIELD_ESCAPES) + "]")
+
+
 def _dumps(record: Any) -> str:
-    return json.dumps(record, ensure_ascii=False, default=_default).translate(_JSON_ESCAPES)
+    dumped = json.dumps(record, ensure_ascii=False, default=_default)
+    return dumped.translate(_JSON_ESCAPES) if _JSON_UNSAFE.search(dumped) else dumped
 
 
 def _field(value: Any) -> str:
+    if type(value) is str and not _FIELD_UNSAFE.search(value):
+        return f"[{value}]"
     return f"[{escape_controls(value, _FIELD_ESCAPES)}]"
 
 
@@ -367,10 +380,15 @@ class _LineExporter(EventExporter):
     def export(self, event: Event) -> None:
         self.write(self.format(event))
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, flush: bool = True) -> None:
         stream = self._stream if self._stream is not None else self._open()
         stream.write(line + "\n")
-        stream.flush()
+        if flush:
+            stream.flush()
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
 
     def _open(self) -> TextIO:
         raise NotImplementedError
@@ -401,8 +419,12 @@ class TextFileExporter(_LineExporter):
 class ConsoleExporter(_LineExporter):
     """The lines on standard output (``DLROVER_EVENT_EXPORTER=CONSOLE``)."""
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, flush: bool = True) -> None:
         sys.stdout.write(line + "\n")
+        if flush:
+            sys.stdout.flush()
+
+    def flush(self) -> None:
         sys.stdout.flush()
 
 
@@ -474,7 +496,8 @@ class AsyncExporter(EventExporter):
     def _export(self, item: Any) -> None:
         try:
             if isinstance(item, str):
-                self._inner_exporter.write(item)  # type: ignore[attr-defined]
+                # Flushed whenever the writer has caught up: a tailing master sees each line at once.
+                self._inner_exporter.write(item, flush=self._queue.empty())  # type: ignore[attr-defined]
             else:
                 self._inner_exporter.export(item)
             self.written += 1
@@ -493,12 +516,20 @@ class AsyncExporter(EventExporter):
             if item is _STOP:
                 return
             if isinstance(item, threading.Event):
+                self._flush()
                 item.set()
                 continue
             if not self._running:  # closing: ``close`` writes it, if its time allows
                 self._leftover.append(item)
                 return
             self._export(item)
+
+    def _flush(self) -> None:
+        if isinstance(self._inner_exporter, _LineExporter):
+            try:
+                self._inner_exporter.flush()
+            except Exception:  # noqa: BLE001
+                log_once(f"dlrover-compat:flush:{id(self)}", "otel_training: cannot flush the DLRover event log")
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Wait (at most ``timeout_s``) until every event exported so far is written."""
@@ -819,6 +850,7 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
         self._event_id = generate_event_id()
         self._span: _Span | None = None
         self._error: BaseException | None = None
+        self._added = False  # content added since BEGIN: the span's attributes need it at END
 
     def begin(self) -> DurationSpan:
         """Emit BEGIN with the content so far; a Duration already begun emits nothing."""
@@ -829,6 +861,7 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
         span = getattr(self.emitter, "_span", None)
         if span is not None:
             self._span = span(self.name, self.content)
+            self._added = False
         return self
 
     def end(self) -> None:
@@ -844,8 +877,9 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
         span, self._span = self._span, None
         if span is None:
             return
-        renames = _SPANS.get(self.name, _PLAIN)[2] if isinstance(self.name, str) else {}
-        span.span.set_attributes(_span_attributes(self.content, renames, _OUTCOME))
+        if self._added:
+            renames = _SPANS.get(self.name, _PLAIN)[2] if isinstance(self.name, str) else {}
+            span.span.set_attributes(_span_attributes(self.content, renames, _OUTCOME))
         outcome = self.content.get("success")
         if outcome is True:
             span.success()
@@ -875,19 +909,24 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
                      "is ignored", text(self.name), exc_info=False)
             return self
         self.content.update(_as_dict(content))
+        self._added = True
         return self
 
     def success(self, **kwargs: Any) -> None:
         """End with ``"success": true`` and ``kwargs`` in the END content (span status OK)."""
         self.content["success"] = True
-        self.content.update(kwargs)
+        if kwargs:
+            self.content.update(kwargs)
+            self._added = True
         self.end()
 
     def fail(self, error: str, **kwargs: Any) -> None:
         """End with ``"success": false, "error": error`` in the END content (span status ERROR)."""
         self.content["success"] = False
         self.content["error"] = error
-        self.content.update(kwargs)
+        if kwargs:
+            self.content.update(kwargs)
+            self._added = True
         self.end()
 
     def __enter__(self) -> DurationSpan:
