@@ -65,10 +65,15 @@ class Log:
             time.sleep(0.005)
 
 
-@pytest.fixture
-def log(configure: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Log]:
-    """DLRover's configuration pointed at a temporary directory, rank 3; spans go nowhere."""
+@pytest.fixture(autouse=True)
+def no_spans(configure: Callable[..., Any]) -> None:
+    """Spans go nowhere unless a test configures otherwise (not to the embedded default's ./otel-traces)."""
     configure(exporter="none")
+
+
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Log]:
+    """DLRover's configuration pointed at a temporary directory, rank 3."""
     monkeypatch.setenv("DLROVER_EVENT_FILE_DIR", str(tmp_path / "events"))
     monkeypatch.setenv("RANK", "3")
     dlrover._reset()
