@@ -156,6 +156,28 @@ def test_the_writer_never_holds_up_training_it_drops_and_counts(tmp_path: Path) 
         os.close(reader)
 
 
+def test_a_forked_child_writes_its_own_lines_with_its_pid_and_never_the_parents(log: Log) -> None:
+    process = dlrover.Process("worker")
+    process.instant("parent")
+    log.lines()  # written and flushed
+    exporter = dlrover.get_default_exporter()
+    # A line still in the parent's buffer at the fork (the writer had not caught up).
+    exporter._inner_exporter.write('[pending] line of the parent', flush=False)  # type: ignore[union-attr]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's outcome is read from the file below
+        try:
+            process.instant("child")
+            exporter.close(timeout=5)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert status == 0
+    lines = log.lines()
+    assert lines.count("[pending] line of the parent") == 1
+    records = [parse(line) for line in lines if not line.startswith("[pending]")]
+    assert [(r["name"], r["pid"] == os.getpid()) for r in records] == [("parent", True), ("child", False)]
+
+
 # -- Durations ---------------------------------------------------------------
 def test_success_and_fail_put_dlrovers_outcome_on_end(log: Log) -> None:
     process = dlrover.Process("worker")

@@ -393,6 +393,17 @@ class _LineExporter(EventExporter):
     def _open(self) -> TextIO:
         raise NotImplementedError
 
+    def _after_fork(self) -> None:
+        # The parent's stream may hold its unwritten lines, or a lock its writer thread held: the child
+        # never flushes nor closes it (that would write the parent's lines twice) and opens its own.
+        if self._stream is not None:
+            _inherited_streams.append(self._stream)
+            self._stream = None
+
+
+#: Streams a forked child inherited, kept so that they are never flushed or closed in it.
+_inherited_streams: list[TextIO] = []
+
 
 class TextFileExporter(_LineExporter):
     """DLRover's log file, ``<file_dir>/events_<RANK>.log``: created owner-only, never through a symlink."""
@@ -570,8 +581,11 @@ class AsyncExporter(EventExporter):
     def _after_fork(self) -> None:
         # A forked child (a DataLoader worker) gets an empty queue; its writer starts on its first event.
         self._queue = queue.Queue(self._queue.maxsize)
+        self._leftover = []
         self._thread = None
         self._thread_lock = threading.Lock()
+        if isinstance(self._inner_exporter, _LineExporter):
+            self._inner_exporter._after_fork()  # noqa: SLF001
 
 
 def _drain(items: queue.Queue[Any]) -> list[Any]:
