@@ -12,6 +12,9 @@ import copy
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -74,10 +77,15 @@ def no_spans(configure: Callable[..., Any]) -> None:
 @pytest.fixture
 def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Log]:
     """DLRover's configuration pointed at a temporary directory, rank 3."""
+    for name in list(os.environ):
+        if name.startswith("DLROVER_EVENT_"):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("DLROVER_EVENT_FILE_DIR", str(tmp_path / "events"))
     monkeypatch.setenv("RANK", "3")
     dlrover._reset()
     yield Log(tmp_path / "events" / "events_3.log")
+    monkeypatch.undo()
+    dlrover._reset()
     dlrover.close_default_exporter()
 
 
@@ -507,3 +515,48 @@ def test_durations_are_also_our_spans_with_our_attribute_names(
     assert log_event["attributes"][sc.LOSS] == 0.25 and log_event["attributes"][sc.STEP] == 5
     # ... while the log keeps DLRover's keys.
     assert {"global_step": 5, "batch_size": 8, "note": "n"} == log.records()[1]["content"]
+
+
+# -- DLROVER_EVENT_HOOK_ERROR -------------------------------------------------
+def test_with_hook_error_an_uncaught_exception_is_logged_then_the_previous_hook_runs(
+        log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "excepthook", lambda exc_type, exc, tb: seen.append(exc_type))
+    monkeypatch.setenv("DLROVER_EVENT_HOOK_ERROR", "true")
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # this test is about the excepthook
+    dlrover._reset()
+    try:
+        raise OSError("disk gone")
+    except OSError:
+        sys.excepthook(*sys.exc_info())
+    (record,) = log.records()
+    assert (record["target"], record["name"], record["type"]) == ("ErrorReporter", "exception", "INSTANT")
+    assert record["content"]["pid"] == os.getpid() and "OSError: disk gone\n" in record["content"]["stack"]
+    assert seen == [OSError]
+    monkeypatch.delenv("DLROVER_EVENT_HOOK_ERROR")
+    dlrover._reset()  # unregistered: the previous hook is back
+    assert sys.excepthook.__name__ == "<lambda>"
+
+
+CHILD = """
+import sys, time
+from otel_training.compat import dlrover
+dlrover.TrainerProcess("AtorchTrainerV2").step(global_step=1).begin()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_with_hook_error_a_termination_signal_is_in_the_log_before_the_process_dies_of_it(tmp_path: Path) -> None:
+    env = {**os.environ, "DLROVER_EVENT_HOOK_ERROR": "1", "DLROVER_EVENT_FILE_DIR": str(tmp_path), "RANK": "0",
+           "OTEL_TRAINING_EXPORTER": "none", "PYTHONPATH": str(Path(dlrover.__file__).parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=tmp_path, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == -signal.SIGTERM  # the exit status is the signal's, as without the hook
+    finally:
+        child.kill()
+    records = [parse(line) for line in (tmp_path / "events_0.log").read_text().splitlines()]
+    assert [(r["name"], r["type"]) for r in records] == [("#step", "BEGIN"), ("exit_sig", "INSTANT")]
+    assert records[1]["content"]["sig_name"] == "SIGTERM" and records[1]["content"]["pid"] == child.pid
