@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Iterator
 
@@ -9,7 +10,7 @@ import pytest
 from otlp_json import read_spans
 
 from otel_training import semconv as sc
-from otel_training.integrations.compat import kungfu
+from otel_training.compat import kungfu
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +56,8 @@ def test_a_batch_without_end_is_reported_stuck(configure: Callable[..., object])
         time.sleep(0.01)
     assert events and events[0].attributes[sc.STEP] == 1 and events[0].attributes[sc.EPOCH] == 0
     kungfu.monitor_train_end()
+
+
+def test_kungfu_has_one_import_path() -> None:
+    assert kungfu.__name__ == "otel_training.compat.kungfu"
+    assert importlib.util.find_spec("otel_training.integrations.compat") is None
