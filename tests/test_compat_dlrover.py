@@ -483,6 +483,34 @@ def test_a_reader_of_dlrovers_grammar_parses_every_line_of_a_run(log: Log) -> No
     assert [r["content"]["global_step"] for r in steps if r["type"] == "END"] == [1, 0, 1, 2]
 
 
+def test_step_lines_are_python_literals_too_as_dlrovers_master_reads_them(log: Log) -> None:
+    # DLRover's master reads #step content with ast.literal_eval: JSON's true/false/null are no
+    # Python literals, so a step ended with success()/fail()/with must not write them.
+    import ast
+
+    trainer = dlrover.TrainerProcess("AtorchTrainerV2")
+    with trainer.step(global_step=1, note=None, flags=[True, None]):
+        pass
+    step = trainer.step(global_step=2)
+    step.begin()
+    step.fail(error="nan loss")
+    step = trainer.step(global_step=3)
+    step.begin()
+    step.success(ok=False)
+    lines = [line for line in log.lines() if "[#step]" in line]
+    assert len(lines) == 6
+    for line in lines:
+        content = line[line.index("{"):]
+        assert ast.literal_eval(content) == json.loads(content)
+        # The master drops every [...] from the line first: only the six fields may go.
+        assert ast.literal_eval(re.sub(r"\[.*?\]", "", line).strip()) == json.loads(content)
+    ends = [json.loads(line[line.index("{"):]) for line in lines if "[END]" in line]
+    assert [end["success"] for end in ends] == [1, 0, 1]
+    assert ends[1]["error"] == "nan loss" and ends[2]["ok"] == 0
+    begins = [json.loads(line[line.index("{"):]) for line in lines if "[BEGIN]" in line]
+    assert json.loads(begins[0]["flags"]) == [True, None] and "note" not in begins[0]
+
+
 # -- the spans beside the log -------------------------------------------------
 def test_durations_are_also_our_spans_with_our_attribute_names(
         log: Log, configure: Callable[..., Any]) -> None:

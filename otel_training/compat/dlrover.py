@@ -266,6 +266,28 @@ _JSON_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _JSON_E
 _FIELD_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _FIELD_ESCAPES) + "]")
 
 
+#: The event whose content DLRover's master reads with ``ast.literal_eval``, not as JSON.
+_MASTER_LITERAL_EVENT = "#step"
+
+
+def _as_literal(value: Any) -> Any:
+    """``value`` as content DLRover's master can read: JSON that is also a Python literal, no ``[``.
+
+    The master removes every ``[...]`` from a ``#step`` line, then parses the rest with
+    ``ast.literal_eval``. So JSON's true/false become 1/0 (the same truthiness in both), nulls
+    are left out, and an array becomes its JSON text (its brackets escaped in the line, so the
+    string reads back as written). DLRover's own writer puts ``"success": true`` on every
+    step's END: lines its master refuses.
+    """
+    if value is True or value is False:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _as_literal(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value, default=_default)
+    return value
+
+
 def _dumps(record: Any) -> str:
     dumped = json.dumps(record, ensure_ascii=False, default=_default)
     return dumped.translate(_JSON_ESCAPES) if _JSON_UNSAFE.search(dumped) else dumped
@@ -293,10 +315,14 @@ class Event:
 
     def __str__(self) -> str:
         """DLRover's text line: ``[time] [pid] [event_id] [target] [name] [type] {content}``."""
+        literal = self.name == _MASTER_LITERAL_EVENT
+        body = _as_literal(self.content) if literal else self.content
         try:
-            content = _dumps(self.content)
+            content = _dumps(body)
         except Exception:  # noqa: BLE001 - a cycle, or keys JSON cannot hold
-            content = _dumps(_salvage(self.content))
+            content = _dumps(_salvage(body))
+        if literal and ("[" in content or "]" in content):
+            content = content.replace("[", "\\u005b").replace("]", "\\u005d")  # only inside strings now
         return " ".join((_field(self.event_time.isoformat()), _field(self.pid), _field(self.event_id),
                          _field(self.target), _field(self.name), _field(self.event_type.name), content))
 
