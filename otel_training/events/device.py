@@ -105,13 +105,13 @@ _UNRECORDED = object()
 class DeviceTimeline:
     """Markers in, device spans out; one per pipeline and device."""
 
-    def __init__(self, device: Device, runtime: EventsRuntime, *, poll_s: float = POLL_S,
-                 idle_poll_s: float = IDLE_POLL_S) -> None:
+    def __init__(self, device: Device, runtime: EventsRuntime, *, poll_s: float | None = None,
+                 idle_poll_s: float | None = None) -> None:
         self.device = device
         self._runtime = runtime
         self._tracer = runtime.tracer
-        self._poll_s = poll_s
-        self._idle_poll_s = idle_poll_s
+        self._poll_s = POLL_S if poll_s is None else poll_s
+        self._idle_poll_s = IDLE_POLL_S if idle_poll_s is None else idle_poll_s
         # Training thread -> resolver: deque appends and pops are thread-safe.
         self._pending: collections.deque[_Step] = collections.deque()
         self._newest: _Step | None = None
