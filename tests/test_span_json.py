@@ -88,7 +88,7 @@ def _sdk_value(rng: random.Random) -> Any:
 
 
 def _any_value(rng: random.Random, depth: int = 0) -> Any:
-    """What a ReadableSpan built by hand (the watchdog's) may hold: anything the OTLP encoder knows, and some it refuses."""
+    """What a span built by hand (as the watchdog does) may hold: all the OTLP encoder knows, and some it refuses."""
     pick = rng.random()
     if pick < 0.45 or depth > 2:
         return _sdk_value(rng)

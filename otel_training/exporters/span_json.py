@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_training._contain import log_once
 
@@ -41,6 +42,7 @@ _INFINITY = float("inf")
 
 # opentelemetry.proto.trace.v1.Span.SpanKind: the API's values shifted by one (0 is UNSPECIFIED).
 _KIND = {kind: ',"kind":%d' % (kind.value + 1) for kind in SpanKind}
+_INTERNAL = _KIND[SpanKind.INTERNAL]
 _STATUS = {0: ',"status":{}', 1: ',"status":{"code":1}', 2: ',"status":{"code":2}'}
 # SpanFlags: CONTEXT_HAS_IS_REMOTE (0x100), plus CONTEXT_IS_REMOTE (0x200) for a remote context.
 _LOCAL_FLAGS = ',"flags":256}'
@@ -52,20 +54,26 @@ _KEY_PREFIXES_MAX = 4096
 
 
 def _reads_sdk_fields() -> bool:
-    """Whether the SDK keeps what its properties copy in the fields read below.
+    """Whether a ``ReadableSpan`` keeps what its properties return in the fields ``_span`` reads.
 
-    ``ReadableSpan.attributes`` wraps the attributes in a new proxy whose items
-    go through Python-level ``__iter__`` and ``__getitem__``, and ``.events`` and
-    ``.links`` copy their lists under a lock: together about a third of the cost
-    of a span. A finished span never changes, so reading its fields directly is
-    safe; this check keeps an SDK that stores them otherwise on the public path.
+    ``.attributes`` wraps the attributes in a new proxy whose items go through
+    Python-level ``__iter__`` and ``__getitem__``, ``.events`` and ``.links``
+    copy their lists under a lock, and every property is a call: together about
+    half the cost of a typical span. A finished span never changes, so reading
+    its fields is safe; this check keeps an SDK that stores them otherwise on
+    the public properties.
     """
-    attributes = BoundedAttributes(attributes={"k": 1})
-    events, links = BoundedList(1), BoundedList(1)
-    span = ReadableSpan("probe", attributes=attributes, events=events, links=links)
+    fields = {"name": "probe", "context": SpanContext(1, 2, is_remote=False),
+              "parent": SpanContext(1, 3, is_remote=True), "resource": Resource({}),
+              "attributes": BoundedAttributes(attributes={"k": 1}), "events": BoundedList(1),
+              "links": BoundedList(1), "kind": SpanKind.CLIENT, "status": Status(StatusCode.ERROR, "probe"),
+              "start_time": 5, "end_time": 6}
+    span = ReadableSpan(**fields)
     try:
-        return (span._attributes is attributes and span._events is events and span._links is links
-                and dict(attributes._dict) == {"k": 1})
+        return (all(getattr(span, "_" + name) is value for name, value in fields.items())
+                and dict(fields["attributes"]._dict) == {"k": 1}
+                and (fields["attributes"].dropped, fields["events"].dropped, fields["links"].dropped)
+                == (span.dropped_attributes, span.dropped_events, span.dropped_links) == (0, 0, 0))
     except AttributeError:
         return False
 
@@ -162,49 +170,49 @@ def _attributes(attributes: Mapping[str, Any] | None) -> str:
 
 
 def _span(span: ReadableSpan) -> str:
-    context = span.get_span_context()
-    parent = span.parent
-    text = f'{{"traceId":"{context.trace_id:032x}","spanId":"{context.span_id:016x}"'
-    trace_state = context.trace_state
-    if trace_state:
-        text += ',"traceState":' + _string(",".join([f"{key}={value}" for key, value in trace_state.items()]))
-    if parent:
-        text += f',"parentSpanId":"{parent.span_id:016x}"'
-    name = span.name
-    if name:
-        text += ',"name":' + _string(name)
-    text += _KIND[span.kind]
-    start, end = span.start_time, span.end_time
-    if start:
-        text += f',"startTimeUnixNano":"{start:d}"'
-    if end:
-        text += f',"endTimeUnixNano":"{end:d}"'
     if _SDK_FIELDS and type(span) is ReadableSpan:
-        attributes, events, links = span._attributes, span._events, span._links
+        context, parent, name, kind, start, end = (span._context, span._parent, span._name, span._kind,
+                                                   span._start_time, span._end_time)
+        attributes, events, links, status = span._attributes, span._events, span._links, span._status
+        # What the dropped_* properties compute, without three more calls.
+        dropped_attributes = attributes.dropped if type(attributes) is BoundedAttributes else span.dropped_attributes
+        dropped_events = events.dropped if type(events) is BoundedList else span.dropped_events
+        dropped_links = links.dropped if type(links) is BoundedList else span.dropped_links
     else:
-        attributes, events, links = span.attributes, span.events, span.links
-    text += _attributes(attributes)
-    dropped = span.dropped_attributes
-    if dropped:
-        text += f',"droppedAttributesCount":{dropped:d}'
+        context, parent, name, kind, start, end = (span.get_span_context(), span.parent, span.name, span.kind,
+                                                   span.start_time, span.end_time)
+        attributes, events, links, status = span.attributes, span.events, span.links, span.status
+        dropped_attributes, dropped_events, dropped_links = (span.dropped_attributes, span.dropped_events,
+                                                             span.dropped_links)
+    trace_state = context.trace_state
+    state = ',"traceState":' + _string(",".join([f"{key}={value}" for key, value in trace_state.items()])) \
+        if trace_state else ""
+    parent_id = f',"parentSpanId":"{parent.span_id:016x}"' if parent else ""
+    name = ',"name":' + _string(name) if name else ""
+    kind = _INTERNAL if kind is SpanKind.INTERNAL else _KIND[kind]  # an Enum hashes in Python
+    start = f',"startTimeUnixNano":"{start:d}"' if start else ""
+    end = f',"endTimeUnixNano":"{end:d}"' if end else ""
+    rest = _attributes(attributes)
+    if dropped_attributes:
+        rest += f',"droppedAttributesCount":{dropped_attributes:d}'
     if events:
-        text += ',"events":[' + ",".join([_event(event) for event in events]) + "]"
-    dropped = span.dropped_events
-    if dropped:
-        text += f',"droppedEventsCount":{dropped:d}'
+        rest += ',"events":[' + ",".join([_event(event) for event in events]) + "]"
+    if dropped_events:
+        rest += f',"droppedEventsCount":{dropped_events:d}'
     if links:
-        text += ',"links":[' + ",".join([_link(link) for link in links]) + "]"
-    dropped = span.dropped_links
-    if dropped:
-        text += f',"droppedLinksCount":{dropped:d}'
-    status = span.status
+        rest += ',"links":[' + ",".join([_link(link) for link in links]) + "]"
+    if dropped_links:
+        rest += f',"droppedLinksCount":{dropped_links:d}'
     if status is not None:
-        code = status.status_code.value
         if status.description:
-            text += ',"status":{"message":' + _string(status.description) + (f',"code":{code:d}}}' if code else "}")
+            code = status.status_code.value
+            rest += ',"status":{"message":' + _string(status.description) + (f',"code":{code:d}}}' if code else "}")
         else:
-            text += _STATUS[code]
-    return text + (_REMOTE_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS)
+            code = status.status_code
+            rest += ',"status":{}' if code is StatusCode.UNSET else _STATUS[code.value]
+    flags = _REMOTE_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS
+    return (f'{{"traceId":"{context.trace_id:032x}","spanId":"{context.span_id:016x}"'
+            f"{state}{parent_id}{name}{kind}{start}{end}{rest}{flags}")
 
 
 def _event(event: Any) -> str:
