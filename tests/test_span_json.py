@@ -297,3 +297,15 @@ def test_a_span_name_utf8_cannot_hold_fails_the_batch_and_writes_nothing(tmp_pat
 
 def test_an_empty_batch_is_an_empty_request() -> None:
     assert spans_to_otlp_json([]) == _reference([]) == "{}"
+
+
+def test_the_probe_turns_the_direct_reads_off_when_the_sdk_keeps_a_field_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class CopiesItsEvents(ReadableSpan):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._events = tuple(self._events)
+
+    assert span_json._reads_sdk_fields()
+    monkeypatch.setattr(span_json, "ReadableSpan", CopiesItsEvents)
+    assert not span_json._reads_sdk_fields()

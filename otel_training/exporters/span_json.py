@@ -122,6 +122,9 @@ def _int64(value: int) -> str:
 
 def _any_value(value: Any) -> str:
     """An AnyValue, with the type tests of the OTLP encoder's ``_encode_value`` in its order."""
+    kind = type(value)
+    if kind is tuple or kind is list:  # what the SDK keeps a sequence as; none of the tests before Sequence's match
+        return _array(value)
     if value is None:
         return "{}"
     if isinstance(value, bool):
@@ -135,12 +138,28 @@ def _any_value(value: Any) -> str:
     if isinstance(value, bytes):
         return '{"bytesValue":"' + base64.b64encode(value).decode("ascii") + '"}'
     if isinstance(value, Sequence):
-        values = ",".join([_any_value(item) for item in value])
-        return '{"arrayValue":{"values":[' + values + "]}}" if values else '{"arrayValue":{}}'
+        return _array(value)
     if isinstance(value, Mapping):
         values = ",".join([_key_prefix(str(key)) + _any_value(item) + "}" for key, item in value.items()])
         return '{"kvlistValue":{"values":[' + values + "]}}" if values else '{"kvlistValue":{}}'
     raise TypeError(f"Invalid type {type(value)} of value {value}")
+
+
+def _array(values: Sequence[Any]) -> str:
+    parts = []
+    append = parts.append
+    for value in values:
+        kind = type(value)
+        # The homogeneous arrays the SDK lets through, inline; anything else by _any_value.
+        if kind is str and value.isascii():
+            append(f'{{"stringValue":{_string(value)}}}')
+        elif kind is int and _INT64_MIN <= value <= _INT64_MAX:
+            append(f'{{"intValue":"{value}"}}')
+        elif kind is float and value - value == 0.0:  # finite
+            append(f'{{"doubleValue":{float.__repr__(value)}}}')
+        else:
+            append(_any_value(value))
+    return '{"arrayValue":{"values":[' + ",".join(parts) + "]}}" if parts else '{"arrayValue":{}}'
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> str:
