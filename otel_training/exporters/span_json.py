@@ -3,8 +3,9 @@
 The file exporter runs on the batch processor's thread, and the GIL it holds is
 the training thread's. The generic route (build the OTLP protobuf request,
 convert it with protobuf's JSON mapping, re-encode the base64 ids as hex, dump
-the dict) costs about 100 µs per span; writing the text straight from the spans
-costs a fraction of that.
+the dict) costs 60 to 200 µs per span on our 2-core machines; writing the text
+straight from the spans costs about a tenth of that (docs/pipeline.md, "Without
+a collector", and bench/bench_file_exporter.py).
 
 The text is the generic route's to the byte, which ``tests/test_span_json.py``
 checks on randomized batches: spans grouped by resource, then by scope, in
