@@ -3,9 +3,13 @@
 The format is the OpenTelemetry file-exporter format that the collector's
 ``otlpjsonfile`` receiver reads: one ``ExportTraceServiceRequest`` (or
 ``ExportMetricsServiceRequest``) JSON object per line, lowerCamelCase keys,
-integer enums, trace and span ids in hex. The SDK has no JSON exporter, so the
-request is built by the OTLP protobuf encoder and converted with protobuf's
-JSON mapping, whose base64 ids are re-encoded as hex.
+integer enums, trace and span ids in hex. The SDK has no JSON exporter. Spans,
+exported on the batch processor's thread while the training thread waits for
+the GIL, are written as text straight from the SDK's spans
+(``otel_training.exporters.span_json``), the same text to the byte as the route
+metrics take: the request built by the OTLP protobuf encoder and converted with
+protobuf's JSON mapping, whose base64 ids are re-encoded as hex. Metrics are
+one line per collection interval, not per span, and keep that route.
 
 Each batch is one ``write()`` of one whole line to a file opened with
 ``O_APPEND``, so a restarted rank appending to the same file cannot interleave
@@ -28,13 +32,13 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_training._contain import log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
+from otel_training.exporters.span_json import spans_to_otlp_json
 
 _ID_KEYS = frozenset(("traceId", "spanId", "parentSpanId"))
 
@@ -181,7 +185,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._file.append(to_otlp_json(encode_spans(spans)), len(spans))
+            self._file.append(spans_to_otlp_json(spans), len(spans))
         except Exception as error:  # noqa: BLE001
             _log_write_failure(self._file.path, "spans", error)
             return SpanExportResult.FAILURE
