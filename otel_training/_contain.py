@@ -31,8 +31,9 @@ def log_once(key: str, message: str, *args: Any, exc_info: bool = True) -> None:
     logger.warning(message + " (further occurrences are not logged)", *args, exc_info=exc_info)
 
 
-def contained(default: Any = None) -> Callable[[F], F]:
-    """Run the function; on any exception log it once and return ``default``."""
+def contained(default: Any = None,
+              message: str = "otel_training: internal error in %s; training continues") -> Callable[[F], F]:
+    """Run the function; on any exception log it once (``message`` % its name) and return ``default``."""
 
     def decorate(function: F) -> F:
         key = f"{function.__module__}.{function.__qualname__}"
@@ -42,7 +43,7 @@ def contained(default: Any = None) -> Callable[[F], F]:
             try:
                 return function(*args, **kwargs)
             except Exception:  # noqa: BLE001 - the whole point is to contain everything
-                log_once(key, "otel_training: internal error in %s; training continues", key)
+                log_once(key, message, key)
                 return default
 
         return wrapper  # type: ignore[return-value]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import enum
-import functools
 import json
 import logging
 import os
@@ -787,22 +786,9 @@ class SafeCallable:
         return "SafeCallable()"
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _safe(function: F) -> F:
-    key = f"{function.__module__}.{function.__qualname__}"
-
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - a training event must never raise into training
-            log_once(f"dlrover-compat:{key}", "otel_training: %s raised; the event is skipped and training "
-                     "continues", key)
-            return SafeCallable()
-
-    return wrapper  # type: ignore[return-value]
+#: A method of a Process or Duration (or of your subclass) that raises is logged once and returns
+#: the chaining no-op, as DLRover's safe calls do: a training event must never raise into training.
+_safe = contained(SafeCallable(), "otel_training: %s raised; the event is skipped and training continues")
 
 
 class _SafeCalls(type):
