@@ -190,8 +190,14 @@ def test_fast_fetches_add_to_the_step_without_spans_of_their_own(instrumented):
         optimizer.step()
     spans = spans_of(instrumented)
     steps = named(spans, sc.SPAN_STEP)
-    assert len(steps) == 4 and not named(spans, sc.SPAN_DATA_WAIT)
-    assert all(0 < s["attributes"][sc.STEP_DATA_WAIT_S] < 0.001 for s in steps)
+    assert len(steps) == 4
+    waits = [s["attributes"][sc.STEP_DATA_WAIT_S] for s in steps]
+    assert all(wait > 0 for wait in waits)  # every fetch adds to its step
+    # A span only for a fetch that blocked 1 ms or more: on a loaded machine a GC pause or a
+    # preemption can make one of these in-memory fetches that slow, and then it gets its span.
+    slow = [wait for wait in waits if wait >= 0.001]
+    assert len(named(spans, sc.SPAN_DATA_WAIT)) == len(slow)
+    assert len(slow) < len(waits)  # the fast ones (nearly always all of them) have none
 
 
 def test_evaluation_under_no_grad_creates_no_step(instrumented):
