@@ -9,7 +9,6 @@ covers all the device work the iteration launched, up to and including its last 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from otlp_json import read_spans
 from requirements import require
 
 from otel_training import semconv as sc
-from otel_training.events import device as device_module
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Iterator
 
 import pytest
 from fake_device import FakeDevice

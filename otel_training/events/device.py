@@ -29,9 +29,9 @@ a host outside any step for longer than the step's stuck threshold gets a
 ``training.between_steps`` span (backdated to the end of the last step), which
 the stuck detector alerts on and which ends when the next step begins.
 
-The device sits behind ``Device``, a four-member interface, so the logic is
-tested on CPU with a fake asynchronous device; ``otel_training.events.cuda`` is
-the real one. Nothing here runs when no device is in use.
+The device sits behind ``Device``, a small interface (a label and name,
+``record``, ``completed_ns``, ``release``), so the logic is tested on CPU with a
+fake asynchronous device; ``otel_training.events.cuda`` is the real one. Nothing here runs when no device is in use.
 """
 
 from __future__ import annotations
