@@ -289,9 +289,17 @@ def _unknown(name: str, where: str) -> ConfigError:
 def _check_variable_name(key: str) -> None:
     """Our variables are upper case; any other spelling would be silently ignored, so it is an error."""
     upper = key.upper()
-    # OTEL_TRAINING__* (double underscore) is reserved for the library's own
-    # plumbing between processes (launcher, watchdog) and is not an option.
-    if not upper.startswith(ENV_PREFIX) or upper.startswith(ENV_PREFIX + "_"):
+    if not upper.startswith(ENV_PREFIX):
+        return
+    if upper.startswith(ENV_PREFIX + "_"):
+        # OTEL_TRAINING__* (double underscore) is reserved for the library's own plumbing
+        # between processes (launcher, watchdog) and is not an option; an option's name
+        # there is a typo that would be silently ignored.
+        name = upper[len(ENV_PREFIX) + 1:].lower()
+        if name in OPTIONS_BY_NAME:
+            raise ConfigError(f"environment variable {key}: OTEL_TRAINING__ (two underscores) is reserved for "
+                              f"the library's own use, and this option would be ignored; did you mean "
+                              f"{ENV_PREFIX}{name.upper()}?")
         return
     name = key[len(ENV_PREFIX):].lower()
     if upper != ENV_CONFIG_FILE and name not in OPTIONS_BY_NAME:
