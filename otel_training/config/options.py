@@ -218,6 +218,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("set_global", _parse_bool, True,
            "Install the providers as OpenTelemetry's global ones (first configure only)."),
     Option("metrics", _parse_bool, True, "Set up a MeterProvider exporting like the traces."),
+    Option("span_queue_policy", _choice("wait", "drop"), "wait",
+           'When the batch span queue is full: "wait" for the exporter while it is making progress (at most '
+           '`span_queue_max_wait_s` a span; against a failing or hung exporter it drops), or "drop" the oldest span '
+           "at once as the SDK does. Either way every span dropped is counted "
+           "([Delivery guarantees](#delivery-guarantees))."),
+    Option("span_queue_max_wait_s", _parse_seconds, 0.5,
+           "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
     # Who is emitting: explicit values override what is detected from the launcher.
     Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
     Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),
