@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_training
-from otel_training.config import telemetry as telemetry_module
+from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.goodput import GoodputSpanProcessor
 
 
@@ -63,7 +63,7 @@ def otel_training_step(n: int, **options: bool) -> float:
         # exporter "none" add it by hand so the row measures what users run.
         telemetry.add_span_processor(GoodputSpanProcessor(telemetry.meter_provider))
     # Same sink as the bare side: a BatchSpanProcessor to a discarding exporter.
-    batch = telemetry_module._CountingBatchSpanProcessor(_Discard())
+    batch = CountingBatchSpanProcessor(_Discard())
     telemetry.add_span_processor(batch)
     trainer = otel_training.TrainerProcess()
     start = time.process_time_ns()

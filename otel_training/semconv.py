@@ -247,6 +247,10 @@ LINK_ALERTED: Final = "alerted"
 # --------------------------------------------------------------------------
 METRIC_ALERTS: Final = "training.alerts"
 METRIC_SPANS_DROPPED: Final = "training.telemetry.spans.dropped"
+#: Seconds the threads ending spans waited for room in a full span queue (``span_queue_policy`` "wait").
+METRIC_SPAN_QUEUE_WAIT: Final = "training.telemetry.span_queue.wait"
+#: Spans the live goodput processor left out of the goodput and step-time metrics.
+METRIC_GOODPUT_SPANS_DROPPED: Final = "training.telemetry.goodput.spans.dropped"
 METRIC_STEP_DURATION: Final = "training.step.duration"
 METRIC_GOODPUT: Final = "training.goodput"
 METRIC_BADPUT: Final = "training.badput"

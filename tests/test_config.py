@@ -66,6 +66,9 @@ def test_toml_config_file(tmp_path: Path) -> None:
         # Variable names are case-sensitive: a mixed-case one would be silently ignored.
         ({}, {"OTEL_TRAINING_Stuck_Threshold_S": "soon"},
          r"OTEL_TRAINING_Stuck_Threshold_S.*upper case.*did you mean OTEL_TRAINING_STUCK_THRESHOLD_S"),
+        # The reserved prefix differs by one underscore: an option there would be ignored.
+        ({}, {"OTEL_TRAINING__STUCK_THRESHOLD_S": "5"},
+         r"OTEL_TRAINING__STUCK_THRESHOLD_S.*reserved.*did you mean OTEL_TRAINING_STUCK_THRESHOLD_S\?"),
         ({}, {"otel_training_exporter": "console"}, r"otel_training_exporter.*OTEL_TRAINING_EXPORTER"),
         ({}, {"Otel_Training_Config": "x.json"}, r"Otel_Training_Config.*OTEL_TRAINING_CONFIG"),
         ({}, {"otel_training_colour": "blue"}, r"unknown option 'colour'.*otel_training_colour"),

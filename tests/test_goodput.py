@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -219,16 +220,61 @@ def test_values_recorded_in_the_callbacks_land_in_the_same_collection() -> None:
 def test_the_queue_is_bounded_and_what_it_drops_is_counted_and_logged_once(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(_contain, "_seen", set())
-    pipeline = Pipeline(0, 100, max_pending=5)
+    pipeline = Pipeline(0, 100, max_pending=5, settle_in_background=False)
     with caplog.at_level(logging.WARNING, logger="otel_training"):
         pipeline.steps(8)
     assert pipeline.processor.dropped == 3
     warnings = [record for record in caplog.records if "goodput queue full" in record.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    metrics = pipeline.metrics()
+    (steps,) = metrics[sc.METRIC_STEP_DURATION]
     assert steps.count == 5  # the first five; the other three are left out
+    (dropped,) = metrics[sc.METRIC_GOODPUT_SPANS_DROPPED]
+    assert dropped.value == 3  # and exported, so the collector's rules can alert on it
 
     pipeline.steps(5, start_s=16)  # a collection empties the queue
     assert pipeline.processor.dropped == 3
     (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
     assert steps.count == 10
+
+
+def _wait_until(condition: Any, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_fast_loop_is_settled_between_collections_by_the_processors_own_thread() -> None:
+    # The default metric interval is a minute: a loop faster than max_pending steps a
+    # minute overflowed the queue between two collections and left steps out of goodput.
+    pipeline = Pipeline(0, 1000, max_pending=10)
+    processor = pipeline.processor
+    pipeline.steps(4)
+    assert len(processor._started) == 4  # below half of max_pending: nothing woken yet
+    pipeline.steps(1, start_s=8)  # the fifth: half of max_pending wakes the settling thread
+    assert _wait_until(lambda: not processor._started and processor._durations)
+    assert threading.current_thread().name != "otel-training-goodput-settle"
+    for round_index in range(1, 20):  # 100 steps, 10x max_pending, with no collection in between
+        pipeline.steps(5, start_s=10 * round_index)
+        assert _wait_until(lambda: not processor._started)
+    assert processor.dropped == 0
+    metrics = pipeline.metrics()
+    (steps,) = metrics[sc.METRIC_STEP_DURATION]
+    assert steps.count == 100  # every step, although no collection came before this one
+    (dropped,) = metrics[sc.METRIC_GOODPUT_SPANS_DROPPED]
+    assert dropped.value == 0
+    processor.shutdown()
+    assert _wait_until(lambda: not processor._settler.is_alive())
+
+
+def test_the_settling_thread_runs_only_on_its_own_thread() -> None:
+    pipeline = Pipeline(0, 1000, max_pending=4)
+    seen: list[str] = []
+    settle = pipeline.processor.settle
+    pipeline.processor.settle = lambda: seen.append(threading.current_thread().name) or settle()  # type: ignore[method-assign]
+    pipeline.steps(2)
+    assert _wait_until(lambda: seen)
+    assert seen == ["otel-training-goodput-settle"]

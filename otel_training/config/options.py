@@ -218,6 +218,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("set_global", _parse_bool, True,
            "Install the providers as OpenTelemetry's global ones (first configure only)."),
     Option("metrics", _parse_bool, True, "Set up a MeterProvider exporting like the traces."),
+    Option("span_queue_policy", _choice("wait", "drop"), "wait",
+           'When the batch span queue is full: "wait" for the exporter while it is making progress (at most '
+           '`span_queue_max_wait_s` a span; against a failing or hung exporter it drops), or "drop" the oldest span '
+           "at once as the SDK does. Either way every span dropped is counted "
+           "([Delivery guarantees](#delivery-guarantees))."),
+    Option("span_queue_max_wait_s", _parse_seconds, 0.5,
+           "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
     # Who is emitting: explicit values override what is detected from the launcher.
     Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
     Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),
@@ -289,9 +296,17 @@ def _unknown(name: str, where: str) -> ConfigError:
 def _check_variable_name(key: str) -> None:
     """Our variables are upper case; any other spelling would be silently ignored, so it is an error."""
     upper = key.upper()
-    # OTEL_TRAINING__* (double underscore) is reserved for the library's own
-    # plumbing between processes (launcher, watchdog) and is not an option.
-    if not upper.startswith(ENV_PREFIX) or upper.startswith(ENV_PREFIX + "_"):
+    if not upper.startswith(ENV_PREFIX):
+        return
+    if upper.startswith(ENV_PREFIX + "_"):
+        # OTEL_TRAINING__* (double underscore) is reserved for the library's own plumbing
+        # between processes (launcher, watchdog) and is not an option; an option's name
+        # there is a typo that would be silently ignored.
+        name = upper[len(ENV_PREFIX) + 1:].lower()
+        if name in OPTIONS_BY_NAME:
+            raise ConfigError(f"environment variable {key}: OTEL_TRAINING__ (two underscores) is reserved for "
+                              f"the library's own use, and this option would be ignored; did you mean "
+                              f"{ENV_PREFIX}{name.upper()}?")
         return
     name = key[len(ENV_PREFIX):].lower()
     if upper != ENV_CONFIG_FILE and name not in OPTIONS_BY_NAME:

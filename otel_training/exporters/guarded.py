@@ -10,7 +10,8 @@ against an unreachable collector is kept within its deadline.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -18,14 +19,28 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_training._contain import log_once
 
 
+#: An export running longer than this is a collector that hangs, not one that is slow.
+STALLED_S = 1.0
+
+
 class GuardedSpanExporter(SpanExporter):
-    def __init__(self, exporter: SpanExporter) -> None:
+    def __init__(self, exporter: SpanExporter, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.exporter = exporter
         self.exported = 0
         self.failed = 0
         self.in_flight = 0
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        self._clock = clock
+        self._export_started: float | None = None
+        self._last_failed = False
+
+    def progressing(self) -> bool:
+        """Whether waiting for this exporter is worth it: open, its last export delivered, and
+        the one under way (if any) not stalled."""
+        started = self._export_started
+        return (not self._closed.is_set() and not self._last_failed
+                and (started is None or self._clock() - started < STALLED_S))
 
     @property
     def closed(self) -> bool:
@@ -39,6 +54,7 @@ class GuardedSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE
         with self._lock:
             self.in_flight = count
+            self._export_started = self._clock()
         try:
             result = self.exporter.export(spans)
         except Exception:  # noqa: BLE001
@@ -47,6 +63,8 @@ class GuardedSpanExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         with self._lock:
             self.in_flight = 0
+            self._export_started = None
+            self._last_failed = result is not SpanExportResult.SUCCESS
             if result is SpanExportResult.SUCCESS:
                 self.exported += count
             else:

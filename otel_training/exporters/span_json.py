@@ -27,13 +27,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_training._contain import log_once
+from otel_training._sdk_compat import attribute_items, span_fields
 
 _string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) escapes strings with
 
@@ -54,32 +53,6 @@ _key_prefixes: dict[str, str] = {}
 _KEY_PREFIXES_MAX = 4096
 
 
-def _reads_sdk_fields() -> bool:
-    """Whether a ``ReadableSpan`` keeps what its properties return in the fields ``_span`` reads.
-
-    ``.attributes`` wraps the attributes in a new proxy whose items go through
-    Python-level ``__iter__`` and ``__getitem__``, ``.events`` and ``.links``
-    copy their lists under a lock, and every property is a call: together about
-    half the cost of a typical span. A finished span never changes, so reading
-    its fields is safe; this check keeps an SDK that stores them otherwise on
-    the public properties.
-    """
-    fields = {"name": "probe", "context": SpanContext(1, 2, is_remote=False),
-              "parent": SpanContext(1, 3, is_remote=True), "resource": Resource({}),
-              "attributes": BoundedAttributes(attributes={"k": 1}), "events": BoundedList(1),
-              "links": BoundedList(1), "kind": SpanKind.CLIENT, "status": Status(StatusCode.ERROR, "probe"),
-              "start_time": 5, "end_time": 6}
-    span = ReadableSpan(**fields)
-    try:
-        return (all(getattr(span, "_" + name) is value for name, value in fields.items())
-                and dict(fields["attributes"]._dict) == {"k": 1}
-                and (fields["attributes"].dropped, fields["events"].dropped, fields["links"].dropped)
-                == (span.dropped_attributes, span.dropped_events, span.dropped_links) == (0, 0, 0))
-    except AttributeError:
-        return False
-
-
-_SDK_FIELDS = _reads_sdk_fields()
 
 
 def _object(fields: str) -> str:
@@ -169,7 +142,7 @@ def _attributes(attributes: Mapping[str, Any] | None) -> str:
         return ""
     parts = []
     append = parts.append
-    items = attributes._dict.items() if _SDK_FIELDS and type(attributes) is BoundedAttributes else attributes.items()
+    items = attribute_items(attributes)
     for key, value in items:
         try:
             prefix = _key_prefixes.get(key) or _key_prefix(key)
@@ -190,20 +163,8 @@ def _attributes(attributes: Mapping[str, Any] | None) -> str:
 
 
 def _span(span: ReadableSpan) -> str:
-    if _SDK_FIELDS and type(span) is ReadableSpan:
-        context, parent, name, kind, start, end = (span._context, span._parent, span._name, span._kind,
-                                                   span._start_time, span._end_time)
-        attributes, events, links, status = span._attributes, span._events, span._links, span._status
-        # What the dropped_* properties compute, without three more calls.
-        dropped_attributes = attributes.dropped if type(attributes) is BoundedAttributes else span.dropped_attributes
-        dropped_events = events.dropped if type(events) is BoundedList else span.dropped_events
-        dropped_links = links.dropped if type(links) is BoundedList else span.dropped_links
-    else:
-        context, parent, name, kind, start, end = (span.get_span_context(), span.parent, span.name, span.kind,
-                                                   span.start_time, span.end_time)
-        attributes, events, links, status = span.attributes, span.events, span.links, span.status
-        dropped_attributes, dropped_events, dropped_links = (span.dropped_attributes, span.dropped_events,
-                                                             span.dropped_links)
+    (context, parent, name, kind, start, end, attributes, events, links, status,
+     dropped_attributes, dropped_events, dropped_links) = span_fields(span)
     trace_state = context.trace_state
     state = ',"traceState":' + _string(",".join([f"{key}={value}" for key, value in trace_state.items()])) \
         if trace_state else ""

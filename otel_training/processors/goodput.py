@@ -36,16 +36,22 @@ synchronous instruments' storage, so histogram values recorded from a callback
 land in that same collection. The work is moved, not removed: about as much
 CPU per step as before, once per metric interval, off the training thread.
 
-The deque holds the spans started since the last collection, at most
-``max_pending`` (about 3 KB each while queued); beyond that a span is left out
-of the metrics, counted in ``dropped`` and logged once. With no metric reader
-(exporter "none") nothing ever collects, so that is where such a pipeline stops.
+The deque holds the spans started since the last settling, at most
+``max_pending`` (about 3 KB each while queued). A collection settles it, and so
+does a settling thread of the processor's own, woken when the deque passes half
+of ``max_pending``: the default metric interval is a minute, and a loop faster
+than ``max_pending`` steps a minute (333 a second) would otherwise overflow it
+between two collections and leave steps out of goodput. The wake-up is one
+length comparison on the training thread. Beyond ``max_pending`` (the settling
+thread could not keep up) a span is left out of the metrics, counted in
+``dropped`` and logged once.
 """
 
 from __future__ import annotations
 
 import array
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -92,6 +98,7 @@ class GoodputSpanProcessor(SpanProcessor):
         ideal_step_time_s: float | None = None,
         after_restart: bool = False,
         max_pending: int = 20_000,
+        settle_in_background: bool = True,
         clock: Callable[[], int] = time.time_ns,
         origin_ns: int | None = None,
     ) -> None:
@@ -109,6 +116,12 @@ class GoodputSpanProcessor(SpanProcessor):
         # Training thread -> collector: deque appends and pops are thread-safe.
         self._started: collections.deque[ReadableSpan] = collections.deque()
         self._max_pending = max_pending
+        # The deque's length at which the settling thread is woken (None: only collections settle).
+        self._high_water = max(1, max_pending // 2) if settle_in_background else None
+        self._settler: threading.Thread | None = None
+        self._settler_pid = 0
+        self._wake = threading.Event()
+        self._stopped = False
         self._tracked: list[ReadableSpan] = []  # collector only: started spans not yet seen ended
         # collector only: host steps timed on the device whose device span has not started yet,
         # by span id: their device time may still land after what would otherwise be settled.
@@ -135,6 +148,9 @@ class GoodputSpanProcessor(SpanProcessor):
         meter.create_observable_gauge(
             sc.METRIC_STEP_IDEAL_DURATION, callbacks=[self._observe_ideal], unit="s",
             description="Ideal step time: configured, or the mean of normal steps (<= median + 3 MAD).")
+        meter.create_observable_counter(
+            sc.METRIC_GOODPUT_SPANS_DROPPED, callbacks=[self._observe_dropped], unit="{span}",
+            description="Spans left out of the goodput and step-time metrics (the settling could not keep up).")
         meter.create_observable_gauge(
             sc.METRIC_GOODPUT, callbacks=[self._observe_goodput], unit="1",
             description="Productive share of this process's time so far.")
@@ -151,8 +167,11 @@ class GoodputSpanProcessor(SpanProcessor):
         # ended (end time set, attributes and status frozen), so nothing is left for on_end.
         try:
             if span.name in _QUEUED:
-                if len(self._started) < self._max_pending:
-                    self._started.append(span)
+                started = self._started
+                if len(started) < self._max_pending:
+                    started.append(span)
+                    if len(started) == self._high_water:
+                        self._wake_settler()
                 else:
                     self._drop()
         except Exception:  # noqa: BLE001 - contained inline (free when nothing raises): the hot path
@@ -161,14 +180,32 @@ class GoodputSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Nothing: the span has been queued at its start."""
 
+    def _wake_settler(self) -> None:
+        # Started lazily, and again in a forked child (threads do not survive a fork).
+        if self._settler is None or self._settler_pid != os.getpid():
+            self._settler_pid = os.getpid()
+            self._wake = threading.Event()
+            self._settler = threading.Thread(target=self._settle_when_woken, name="otel-training-goodput-settle",
+                                             daemon=True)
+            self._settler.start()
+        self._wake.set()
+
+    def _settle_when_woken(self) -> None:
+        wake = self._wake
+        while True:
+            wake.wait()
+            wake.clear()
+            if self._stopped:
+                return
+            self._settle_contained()
+
     def _drop(self) -> None:
         self.dropped += 1
         log_once(
             "GoodputSpanProcessor.queue-full",
             "otel_training: goodput queue full (%d spans started since the last metric collection); spans are left "
-            "out of the goodput and step-time metrics until the metric reader collects (none configured with "
-            "exporter 'none'; a shorter OTEL_METRIC_EXPORT_INTERVAL helps fast loops); counted in "
-            "GoodputSpanProcessor.dropped",
+            "out of the goodput and step-time metrics until they are settled (the settling thread could not keep up "
+            "with this loop); counted in GoodputSpanProcessor.dropped",
             self._max_pending, exc_info=False,
         )
 
@@ -235,6 +272,10 @@ class GoodputSpanProcessor(SpanProcessor):
             self._straggler.set(score, context=context)
         return duration, context
 
+    @contained()
+    def _settle_contained(self) -> None:
+        self.settle()
+
     @property
     def elapsed_ns(self) -> int:
         return self._accountant.timeline.folded_until - self.origin_ns
@@ -254,6 +295,9 @@ class GoodputSpanProcessor(SpanProcessor):
         totals = self.settle()
         return [Observation(totals.get(bucket, 0) / 1e9, {sc.BADPUT_BUCKET: bucket}) for bucket in BUCKETS]
 
+    def _observe_dropped(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self.dropped)]
+
     @contained(default=())
     def _observe_ideal(self, options: CallbackOptions) -> Iterable[Observation]:
         self.settle()  # the first callback of a collection: takes in the steps ended since the last one
@@ -261,7 +305,8 @@ class GoodputSpanProcessor(SpanProcessor):
         return [] if ideal is None else [Observation(ideal)]
 
     def shutdown(self) -> None:
-        pass
+        self._stopped = True
+        self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

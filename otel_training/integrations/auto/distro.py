@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro
-from opentelemetry.sdk._configuration import _BaseConfigurator
 
+from otel_training._sdk_compat import BaseConfigurator
 from otel_training.integrations import auto
 
 
@@ -32,7 +32,7 @@ class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
         super().load_instrumentor(entry_point, **kwargs)
 
 
-class OtelTrainingConfigurator(_BaseConfigurator):  # type: ignore[misc]
+class OtelTrainingConfigurator(BaseConfigurator):  # type: ignore[misc]
     """The ``opentelemetry_configurator`` entry point: ``configure()`` from the environment (owner only)."""
 
     def _configure(self, **kwargs: Any) -> None:

@@ -1,0 +1,135 @@
+"""Every use of an OpenTelemetry SDK or API internal (a ``_name``), in one place.
+
+The SDK does not promise these names. Each accessor here checks what it reads
+and falls back to public behaviour, and ``tests/test_sdk_compat.py`` asserts
+that each one still reads the real thing on the installed SDK, so an SDK that
+renames one fails that test instead of silently degrading (a pending span
+counted as dropped, a span exported through the slow path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanLimits, SpanProcessor
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+__all__ = [
+    "BaseConfigurator",
+    "attribute_items",
+    "batch_queue_length",
+    "is_proxy_meter_provider",
+    "span_fields",
+    "span_pipeline",
+    "tracer_for_pipeline",
+]
+
+def __getattr__(name: str) -> Any:
+    # ``BaseConfigurator``: what contrib's ``opentelemetry_configurator`` entry point expects a
+    # subclass of. Imported on first use: the SDK's configuration module loads the logs SDK and
+    # the entry points, which only ``opentelemetry-instrument`` needs.
+    if name == "BaseConfigurator":
+        from opentelemetry.sdk._configuration import _BaseConfigurator
+
+        return _BaseConfigurator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def batch_queue_length(processor: BatchSpanProcessor) -> int | None:
+    """Spans waiting in the SDK batch processor's queue; None where the SDK keeps them elsewhere.
+
+    Needed to tell spans still pending from spans the queue dropped (the SDK
+    counts neither publicly): a None makes the caller say it does not know,
+    never count the pending ones as lost.
+    """
+    queue = getattr(getattr(processor, "_batch_processor", None), "_queue", None)
+    try:
+        return len(queue) if queue is not None else None
+    except TypeError:
+        return None
+
+
+def is_proxy_meter_provider(provider: Any) -> bool:
+    """Whether ``provider`` is the API's placeholder, i.e. no global MeterProvider has been set."""
+    proxy = getattr(getattr(metrics_api, "_internal", None), "_ProxyMeterProvider", None)
+    if proxy is not None:
+        return isinstance(provider, proxy)
+    return type(provider).__name__ == "_ProxyMeterProvider"
+
+
+def span_pipeline(span: Any) -> SpanProcessor | None:
+    """The processor pipeline of the provider that made a live SDK span, or None."""
+    return getattr(span, "_span_processor", None) if isinstance(span, Span) else None
+
+
+def tracer_for_pipeline(resource: Resource, pipeline: SpanProcessor, sampler: Sampler, ids: IdGenerator,
+                        scope: InstrumentationScope) -> SdkTracer:
+    """A tracer that emits into an existing provider's pipeline without holding the provider.
+
+    The stuck detector, given no provider, puts its alert in the pipeline of the
+    stuck span itself (same resource, processors and exporter); the SDK offers
+    no public way to get a tracer from a span.
+    """
+    return SdkTracer(sampler, resource, pipeline, ids, None, SpanLimits(), scope)  # type: ignore[arg-type]
+
+
+def _reads_sdk_fields() -> bool:
+    """Whether a ``ReadableSpan`` keeps what its properties return in the fields ``span_fields`` reads.
+
+    ``.attributes`` wraps the attributes in a new proxy whose items go through
+    Python-level ``__iter__`` and ``__getitem__``, ``.events`` and ``.links``
+    copy their lists under a lock, and every property is a call: together about
+    half the cost of encoding a typical span. A finished span never changes, so
+    reading its fields is safe; this check keeps an SDK that stores them
+    otherwise on the public properties.
+    """
+    fields = {"name": "probe", "context": SpanContext(1, 2, is_remote=False),
+              "parent": SpanContext(1, 3, is_remote=True), "resource": Resource({}),
+              "attributes": BoundedAttributes(attributes={"k": 1}), "events": BoundedList(1),
+              "links": BoundedList(1), "kind": SpanKind.CLIENT, "status": Status(StatusCode.ERROR, "probe"),
+              "start_time": 5, "end_time": 6}
+    span = ReadableSpan(**fields)
+    try:
+        return (all(getattr(span, "_" + name) is value for name, value in fields.items())
+                and dict(fields["attributes"]._dict) == {"k": 1}
+                and (fields["attributes"].dropped, fields["events"].dropped, fields["links"].dropped)
+                == (span.dropped_attributes, span.dropped_events, span.dropped_links) == (0, 0, 0))
+    except AttributeError:
+        return False
+
+
+#: Whether ``span_fields`` and ``attribute_items`` read the SDK's fields (else its public properties).
+READS_SDK_FIELDS = _reads_sdk_fields()
+
+
+def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
+    """(context, parent, name, kind, start, end, attributes, events, links, status, and the three
+    dropped counts) of a finished span, as cheaply as this SDK allows."""
+    if READS_SDK_FIELDS and type(span) is ReadableSpan:
+        attributes, events, links = span._attributes, span._events, span._links
+        # What the dropped_* properties compute, without three more calls.
+        return (span._context, span._parent, span._name, span._kind, span._start_time, span._end_time,
+                attributes, events, links, span._status,
+                attributes.dropped if type(attributes) is BoundedAttributes else span.dropped_attributes,
+                events.dropped if type(events) is BoundedList else span.dropped_events,
+                links.dropped if type(links) is BoundedList else span.dropped_links)
+    return (span.get_span_context(), span.parent, span.name, span.kind, span.start_time, span.end_time,
+            span.attributes, span.events, span.links, span.status,
+            span.dropped_attributes, span.dropped_events, span.dropped_links)
+
+
+def attribute_items(attributes: Any) -> Iterable[tuple[str, Any]]:
+    """The items of a span's attributes without the proxy ``BoundedAttributes.items()`` builds."""
+    if READS_SDK_FIELDS and type(attributes) is BoundedAttributes:
+        return attributes._dict.items()
+    return attributes.items()  # type: ignore[no-any-return]
