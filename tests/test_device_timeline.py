@@ -33,12 +33,11 @@ from otel_training.analysis import account
 from otel_training.events import device as device_module
 from otel_training.report.job import build_report
 from otel_training.report.reader import read_paths
+from waiting import wait_until
 
 THRESHOLD_S = 0.3
 #: Markers the host may run ahead of the device (two per step): a pinned-memory copy or a full launch queue.
 RUN_AHEAD = 6
-
-
 
 
 class Alerts:
@@ -343,7 +342,7 @@ def test_a_failing_device_falls_back_to_host_timing_and_says_so(configure, fake,
         fake.launch(0.001)
     fake.synchronize()
     timeline = telemetry_timeline()
-    assert _wait_for(lambda: timeline.resolved == 1)
+    assert wait_until(lambda: timeline.resolved == 1)
 
     def broken(marker):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -351,7 +350,7 @@ def test_a_failing_device_falls_back_to_host_timing_and_says_so(configure, fake,
     monkeypatch.setattr(fake, "completed_ns", broken)
     with trainer.step(global_step=1):
         pass
-    assert _wait_for(lambda: timeline.failed)
+    assert wait_until(lambda: timeline.failed)
     with trainer.step(global_step=2):
         pass
     spans = spans_of(telemetry)
@@ -395,17 +394,6 @@ def telemetry_timeline() -> device_module.DeviceTimeline:
     timeline = runtime().device
     assert isinstance(timeline, device_module.DeviceTimeline)
     return timeline
-
-
-def _wait_for(condition, timeout_s: float = 30.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_device_busy_outside_the_steps_past_the_threshold_is_alerted(configure, fake) -> None:
@@ -566,5 +554,5 @@ def test_device_steps_do_not_grow_the_trace_budget_table(configure, fake) -> Non
             fake.launch(0.0005)
     fake.synchronize()
     timeline = telemetry_timeline()
-    assert _wait_for(lambda: timeline.resolved == 50)
+    assert wait_until(lambda: timeline.resolved == 50)
     assert len(runtime()._traces) == 0  # nothing re-created for traces the training thread forgot

@@ -21,6 +21,7 @@ from otlp_json import read_spans
 
 import otel_training
 from otel_training import semconv as sc
+from waiting import wait_until
 
 STATUS_ERROR = 2
 
@@ -395,15 +396,6 @@ def _gone_or_zombie(pid: int) -> bool:
         return True
 
 
-def _wait_until(condition, timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is Linux-only")
 def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_signals() -> None:
     """If the helper dies, the watcher reads the wakeup fd itself: a rank blocked in C still dies of SIGTERM."""
@@ -419,7 +411,7 @@ def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_sig
     try:
         helper = int(process.stdout.readline())
         os.kill(helper, signal.SIGKILL)
-        assert _wait_until(lambda: _gone_or_zombie(helper))
+        assert wait_until(lambda: _gone_or_zombie(helper))
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == -signal.SIGTERM
@@ -438,7 +430,7 @@ def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_sig
     try:
         helper = int(process.stdout.readline())
         assert process.wait(timeout=15) == 0
-        assert _wait_until(lambda: _gone_or_zombie(helper)), "the helper outlived its process"
+        assert wait_until(lambda: _gone_or_zombie(helper)), "the helper outlived its process"
     finally:
         _stop_group(process)
 

@@ -20,6 +20,7 @@ from otel_training.processors import goodput
 from otel_training.processors.goodput import GoodputSpanProcessor
 
 import goodput_traces as crafted
+from waiting import wait_until
 
 
 class Pipeline:
@@ -238,15 +239,6 @@ def test_the_queue_is_bounded_and_what_it_drops_is_counted_and_logged_once(
     assert steps.count == 10
 
 
-def _wait_until(condition: Any, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def test_a_fast_loop_is_settled_between_collections_by_the_processors_own_thread() -> None:
     # The default metric interval is a minute: a loop faster than max_pending steps a
     # minute overflowed the queue between two collections and left steps out of goodput.
@@ -255,11 +247,11 @@ def test_a_fast_loop_is_settled_between_collections_by_the_processors_own_thread
     pipeline.steps(4)
     assert len(processor._started) == 4  # below half of max_pending: nothing woken yet
     pipeline.steps(1, start_s=8)  # the fifth: half of max_pending wakes the settling thread
-    assert _wait_until(lambda: not processor._started and processor._durations)
+    assert wait_until(lambda: not processor._started and processor._durations)
     assert threading.current_thread().name != "otel-training-goodput-settle"
     for round_index in range(1, 20):  # 100 steps, 10x max_pending, with no collection in between
         pipeline.steps(5, start_s=10 * round_index)
-        assert _wait_until(lambda: not processor._started)
+        assert wait_until(lambda: not processor._started)
     assert processor.dropped == 0
     metrics = pipeline.metrics()
     (steps,) = metrics[sc.METRIC_STEP_DURATION]
@@ -267,7 +259,7 @@ def test_a_fast_loop_is_settled_between_collections_by_the_processors_own_thread
     (dropped,) = metrics[sc.METRIC_GOODPUT_SPANS_DROPPED]
     assert dropped.value == 0
     processor.shutdown()
-    assert _wait_until(lambda: not processor._settler.is_alive())
+    assert wait_until(lambda: not processor._settler.is_alive())
 
 
 def test_the_settling_thread_runs_only_on_its_own_thread() -> None:
@@ -276,5 +268,5 @@ def test_the_settling_thread_runs_only_on_its_own_thread() -> None:
     settle = pipeline.processor.settle
     pipeline.processor.settle = lambda: seen.append(threading.current_thread().name) or settle()  # type: ignore[method-assign]
     pipeline.steps(2)
-    assert _wait_until(lambda: seen)
+    assert wait_until(lambda: seen)
     assert seen == ["otel-training-goodput-settle"]

@@ -1,0 +1,20 @@
+"""The one way tests wait: on a condition, with a deadline, never a fixed sleep before an assertion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.005) -> bool:
+    """True as soon as ``condition()`` is; False if it still is not after ``timeout_s``.
+
+    The deadline is generous by design: it bounds a broken test, it is not what
+    the test measures, so a loaded CI machine only makes the test slower.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return bool(condition())
+        time.sleep(interval_s)
+    return True
