@@ -247,6 +247,8 @@ LINK_ALERTED: Final = "alerted"
 # --------------------------------------------------------------------------
 METRIC_ALERTS: Final = "training.alerts"
 METRIC_SPANS_DROPPED: Final = "training.telemetry.spans.dropped"
+#: Spans the collector could not take, written to the local spool (``spool_dir``) instead.
+METRIC_SPANS_SPOOLED: Final = "training.telemetry.spans.spooled"
 #: Seconds the threads ending spans waited for room in a full span queue (``span_queue_policy`` "wait").
 METRIC_SPAN_QUEUE_WAIT: Final = "training.telemetry.span_queue.wait"
 #: Spans the live goodput processor left out of the goodput and step-time metrics.

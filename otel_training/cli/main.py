@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "report", "run", "version")
+COMMANDS = ("demo", "report", "run", "spool", "version")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -223,6 +223,13 @@ OPTIONS: tuple[Option, ...] = (
            '`span_queue_max_wait_s` a span; against a failing or hung exporter it drops), or "drop" the oldest span '
            "at once as the SDK does. Either way every span dropped is counted "
            "([Delivery guarantees](#delivery-guarantees))."),
+    Option("spool_dir", _optional(_parse_path), None,
+           "With the otlp exporter: spool what the collector could not take (failed exports, and what is still "
+           "queued at exit) to spool-r<rank>-<pid>.jsonl here, OTLP JSON Lines that `otel-training report` reads "
+           "and `otel-training spool send` posts to a collector later. Off by default "
+           "([Delivery guarantees](#delivery-guarantees))."),
+    Option("spool_max_mb", _positive(_parse_int, MAX_SIZE), 1024,
+           "Bound of each process's spool file, in MiB; past it undelivered spans are dropped and counted."),
     Option("span_queue_max_wait_s", _parse_seconds, 0.5,
            "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
     # Who is emitting: explicit values override what is detected from the launcher.

@@ -42,6 +42,7 @@ from otel_training.config.resource import build_resource
 from otel_training.exporters.factory import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
+from otel_training.exporters.spool import Spool, spool_file
 from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.lineage import LineageSpanProcessor
 
@@ -62,6 +63,8 @@ class FlushResult:
     pending: int
     """Spans still queued or in flight (0 after a shutdown)."""
     elapsed_s: float
+    spooled: int = 0
+    """Spans the collector could not take, written to the local spool instead (``spool_dir``)."""
 
 
 def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str) -> bool:
@@ -85,17 +88,16 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     return done.wait(max(0.0, timeout_s))
 
 
-def check_output_dir(output_dir: str) -> None:
-    """Fail before training, not at the first export, when the trace directory is unusable."""
+def check_output_dir(output_dir: str, option: str = "output_dir", what: str = "trace") -> None:
+    """Fail before training, not at the first export, when the trace (or spool) directory is unusable."""
     path = Path(output_dir)
+    named = f"option {option}={output_dir!r} (OTEL_TRAINING_{option.upper()})"
     try:
         path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(f"option output_dir={output_dir!r} (OTEL_TRAINING_OUTPUT_DIR): cannot create the "
-                          f"trace directory: {error.strerror or error}") from None
+        raise ConfigError(f"{named}: cannot create the {what} directory: {error.strerror or error}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"option output_dir={output_dir!r} (OTEL_TRAINING_OUTPUT_DIR): the trace directory "
-                          "is not writable")
+        raise ConfigError(f"{named}: the {what} directory is not writable")
 
 
 #: The SDK's defaults, given explicitly to a stand-in for a failed configuration.
@@ -131,6 +133,8 @@ class Telemetry:
         self.disabled: bool = (config_error is not None
                                or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true")
         self.trace_path: Path | None = None
+        #: Where undelivered spans are spooled (``spool_dir``), else None.
+        self.spool_path: Path | None = None
         self.metrics_path: Path | None = None
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
@@ -166,7 +170,12 @@ class Telemetry:
         self._guard: GuardedSpanExporter | None = None
         self._batch: CountingBatchSpanProcessor | None = None
         if span_exporter is not None:
-            self._guard = GuardedSpanExporter(span_exporter)
+            spool = None
+            if self.options["spool_dir"] and self.exporter_name == "otlp":
+                check_output_dir(self.options["spool_dir"], "spool_dir", "spool")
+                self.spool_path = spool_file(self.options["spool_dir"], self.rank)
+                spool = Spool(self.spool_path, self.options["spool_max_mb"] * 2**20)
+            self._guard = GuardedSpanExporter(span_exporter, spool=spool)
             self._batch = CountingBatchSpanProcessor(
                 self._guard, policy=self.options["span_queue_policy"],
                 max_wait_s=self.options["span_queue_max_wait_s"], exporter_progressing=self._guard.progressing)
@@ -198,6 +207,12 @@ class Telemetry:
             unit="s",
             description="Time the threads ending spans waited for room in a full span queue.",
         )
+        self.meter.create_observable_counter(
+            sc.METRIC_SPANS_SPOOLED,
+            callbacks=[self._observe_spooled],
+            unit="{span}",
+            description="Spans the collector could not take, written to the local spool instead.",
+        )
         atexit.register(self._atexit)
 
     # -- construction -------------------------------------------------------
@@ -227,13 +242,14 @@ class Telemetry:
         if self._batch is None or self._guard is None:
             return 0, 0, 0
         exported = self._guard.exported
+        settled = exported + self._guard.spooled  # delivered, or kept in the spool: not lost
         queued = self._batch.queued()
         if queued is None:
             # An SDK that hides its queue: what is not delivered yet counts as pending until
             # shutdown, which then counts it as lost (tests/test_sdk_compat.py fails first).
-            return exported, 0, max(0, self._batch.accepted - exported)
+            return exported, 0, max(0, self._batch.accepted - settled)
         pending = queued + self._guard.in_flight
-        dropped = max(0, self._batch.accepted - exported - pending)
+        dropped = max(0, self._batch.accepted - settled - pending)
         return exported, dropped, pending
 
     def _observe_dropped(self, options: CallbackOptions) -> list[Observation]:
@@ -241,6 +257,14 @@ class Telemetry:
 
     def _observe_queue_wait(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(self._batch.waited_s if self._batch is not None else 0.0)]
+
+    @property
+    def spans_spooled(self) -> int:
+        """Spans the collector could not take, written to the spool (``spool_dir``) instead."""
+        return self._guard.spooled if self._guard is not None else 0
+
+    def _observe_spooled(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(self.spans_spooled)]
 
     @property
     def spans_dropped(self) -> int:
@@ -261,7 +285,8 @@ class Telemetry:
         if self.meter_provider is not None and remaining > 0:
             _run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
         exported, dropped, pending = self._counts()
-        return FlushResult(completed and pending == 0, exported, dropped, pending, time.monotonic() - start)
+        return FlushResult(completed and pending == 0, exported, dropped, pending, time.monotonic() - start,
+                           self.spans_spooled)
 
     def shutdown(self, timeout_s: float = 5.0) -> FlushResult:
         """Flush, then stop exporting; returns within ``timeout_s`` and says what was lost."""
@@ -270,7 +295,7 @@ class Telemetry:
         # atexit one) must not wait longer than asked, let alone deadlock.
         if not self._shutdown_lock.acquire(timeout=max(0.0, timeout_s)):
             exported, dropped, pending = self._counts()
-            return FlushResult(False, exported, dropped, pending, time.monotonic() - start)
+            return FlushResult(False, exported, dropped, pending, time.monotonic() - start, self.spans_spooled)
         try:
             if self._shutdown_result is not None:
                 return self._shutdown_result
@@ -292,12 +317,19 @@ class Telemetry:
                 contained()(self._metric_exporter.shutdown)()
             exported, dropped, pending = self._counts()
             dropped += pending  # nothing queued now will ever leave
-            result = FlushResult(completed and dropped == 0, exported, dropped, 0, time.monotonic() - start)
+            spooled = self.spans_spooled
+            result = FlushResult(completed and dropped == 0, exported, dropped, 0, time.monotonic() - start, spooled)
             self._shutdown_result = result
             if dropped:
                 logger.warning(
                     "otel_training: %d span(s) were not delivered by the %s exporter (%d delivered)",
                     dropped, self.exporter_name, exported,
+                )
+            if spooled:
+                logger.warning(
+                    "otel_training: %d span(s) the collector could not take are in the spool %s; send them with "
+                    "`otel-training spool send %s --endpoint <collector OTLP/HTTP URL>`",
+                    spooled, self.spool_path, self.options["spool_dir"],
                 )
             return result
         finally:
