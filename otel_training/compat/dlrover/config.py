@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from otel_training._contain import log_once
+
+T = TypeVar("T")
+
+
+def one_per_process(cls: type[T], lock: Any) -> T:
+    """``cls._instance``, made on first use under ``lock``: DLRover's ``singleton_instance``."""
+    with lock:
+        if cls._instance is None:  # type: ignore[attr-defined]
+            cls._instance = cls()  # type: ignore[attr-defined]
+        return cls._instance  # type: ignore[attr-defined]
 
 
 def _rank() -> str:
@@ -65,10 +75,7 @@ class Config:
 
     @classmethod
     def singleton_instance(cls) -> Config:
-        with cls._instance_lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
+        return one_per_process(cls, cls._instance_lock)
 
     def __repr__(self) -> str:
         return f"Config({vars(self)!r})"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from otel_training._contain import contained, log_once
-from otel_training.compat.dlrover.config import Config
+from otel_training.compat.dlrover.config import Config, one_per_process
 from otel_training.compat.dlrover.emitter import Process
 from otel_training.compat.dlrover.exporter import AsyncExporter, get_default_exporter
 from otel_training.events.attributes import text
@@ -54,10 +54,7 @@ class ErrorHandler:
 
     @classmethod
     def singleton_instance(cls) -> ErrorHandler:
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
+        return one_per_process(cls, cls._lock)
 
     def _handle_exception(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
