@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 STATUSES = ("accepted", "rejected", "failed", "dropped")
+#: The event target of every span and span event this shim makes.
 _TARGET = "PerfTracer"
 
 

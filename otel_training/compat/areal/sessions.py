@@ -21,9 +21,6 @@ from otel_training.events.attributes import to_attributes
 from otel_training.events.runtime import runtime
 
 
-# -- session records -------------------------------------------------------------
-
-
 class _Phase:
     """One execution of a phase; the payloads go to its span only, not to AReaL's record."""
 

@@ -282,6 +282,8 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# -- the process's default exporter -------------------------------------------
+
 _default_lock = threading.Lock()
 _default_exporter: EventExporter | None = None
 _atexit_registered = False
