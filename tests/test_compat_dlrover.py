@@ -577,7 +577,7 @@ time.sleep(60)
 
 def test_with_hook_error_a_termination_signal_is_in_the_log_before_the_process_dies_of_it(tmp_path: Path) -> None:
     env = {**os.environ, "DLROVER_EVENT_HOOK_ERROR": "1", "DLROVER_EVENT_FILE_DIR": str(tmp_path), "RANK": "0",
-           "OTEL_TRAINING_EXPORTER": "none", "PYTHONPATH": str(Path(dlrover.__file__).parents[2])}
+           "OTEL_TRAINING_EXPORTER": "none", "PYTHONPATH": str(Path(dlrover.__file__).parents[3])}
     child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=tmp_path, stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline() == b"ready\n"
