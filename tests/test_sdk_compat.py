@@ -123,5 +123,4 @@ def _private_otel_uses(path: Path) -> list[str]:
 def test_no_module_but_sdk_compat_reaches_into_opentelemetry_internals() -> None:
     uses = [use for path in sorted(PACKAGE.rglob("*.py")) if path.name != "_sdk_compat.py"
             for use in _private_otel_uses(path)]
-    # processors/stuck.py moves its two uses here once the hang-verdict change to it has landed.
-    assert [use for use in uses if not use.startswith("stuck.py:")] == []
+    assert uses == []

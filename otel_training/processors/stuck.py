@@ -41,7 +41,6 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.context import get_current as get_current_context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -49,6 +48,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from otel_training import semconv as sc
+from otel_training._sdk_compat import span_pipeline, tracer_for_pipeline
 from otel_training.processors.thresholds import AdaptiveSettings, Threshold, ThresholdLearner
 
 logger = logging.getLogger("otel_training")
@@ -456,11 +456,13 @@ class StuckSpanProcessor(SpanProcessor):
             self._flush_target = self._tracer_provider.force_flush  # type: ignore[union-attr]
             return
         # No provider given: use the stuck span's own pipeline (resource, processors, exporter).
-        pipeline = span._span_processor  # noqa: SLF001 - the live SDK span's provider pipeline
+        pipeline = span_pipeline(span)
+        if pipeline is None:
+            return  # not an SDK span: there is no pipeline to put the alert in
         tracer = self._pipeline_tracers.get(id(pipeline))
         if tracer is None:
-            tracer = SdkTracer(ALWAYS_ON, span.resource, pipeline, _ids, None, SpanLimits(),  # type: ignore[arg-type]
-                               InstrumentationScope(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL))
+            tracer = tracer_for_pipeline(span.resource, pipeline, ALWAYS_ON, _ids,
+                                         InstrumentationScope(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL))
             self._pipeline_tracers = {id(pipeline): tracer}  # one pipeline in practice; keep it bounded
         parent = trace_api.set_span_in_context(NonRecordingSpan(context))
         tracer.start_span(sc.SPAN_ALERT, context=parent, attributes=attributes, links=links).end()
