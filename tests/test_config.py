@@ -91,20 +91,20 @@ def test_an_unusable_output_directory_fails_before_training(tmp_path: Path) -> N
 
 
 def test_a_failed_configure_publishes_no_half_built_pipeline(configure, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_training.config import telemetry as telemetry_module
+    from otel_training.processors.stuck import StuckSpanProcessor
 
     good = configure(exporter="none")
 
-    def broken_plugin(telemetry) -> None:
-        raise RuntimeError("plugin bug")
+    def broken_processor(*args, **kwargs) -> None:
+        raise RuntimeError("processor bug")
 
-    monkeypatch.setattr(telemetry_module, "_plugins", [broken_plugin])
-    with pytest.raises(RuntimeError, match="plugin bug"):
-        otel_training.configure(reconfigure=True, exporter="console")
+    with monkeypatch.context() as patched:
+        patched.setattr(StuckSpanProcessor, "from_options", broken_processor)
+        with pytest.raises(RuntimeError, match="processor bug"):
+            otel_training.configure(reconfigure=True, exporter="console", stuck_threshold_s=5)
     assert otel_training.get_telemetry() is good or otel_training.get_telemetry().is_shut_down
-    monkeypatch.setattr(telemetry_module, "_plugins", [])
     rebuilt = configure(exporter="console", stuck_threshold_s=5)
-    assert rebuilt.exporter_name == "console" and hasattr(rebuilt, "stuck")
+    assert rebuilt.exporter_name == "console" and isinstance(rebuilt.stuck, StuckSpanProcessor)
 
 
 def test_config_error_is_a_value_error() -> None:

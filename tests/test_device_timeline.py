@@ -47,7 +47,7 @@ class Alerts:
         self.events: list = []
         self.gate: threading.Event | None = None
         self.stuck = threading.Event()
-        telemetry.stuck.add_callback(self)  # type: ignore[attr-defined]
+        telemetry.stuck.add_callback(self)  # type: ignore[union-attr]
 
     def __call__(self, event) -> None:
         self.events.append(event)

@@ -47,7 +47,7 @@ def test_monitor_calls_become_nested_step_epoch_and_train_spans(configure: Calla
 def test_a_batch_without_end_is_reported_stuck(configure: Callable[..., object]) -> None:
     telemetry = configure(exporter="file", stuck_threshold_s=0.2)
     events = []
-    telemetry.stuck.add_callback(events.append)  # type: ignore[attr-defined]
+    telemetry.stuck.add_callback(events.append)  # type: ignore[union-attr]
     kungfu.monitor_batch_begin()
     kungfu.monitor_batch_end()
     kungfu.monitor_batch_begin()  # KungFu would declare this rank stuck after 10 s, polling once a second

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -45,6 +45,9 @@ from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
 from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.lineage import LineageSpanProcessor
+
+if TYPE_CHECKING:
+    from otel_training.processors.stuck import StuckSpanProcessor
 
 logger = logging.getLogger("otel_training")
 
@@ -135,6 +138,8 @@ class Telemetry:
         self.trace_path: Path | None = None
         #: Where undelivered spans are spooled (``spool_dir``), else None.
         self.spool_path: Path | None = None
+        #: The stuck detector the options turned on (``telemetry.stuck.add_callback``), else None.
+        self.stuck: StuckSpanProcessor | None = None
         self.metrics_path: Path | None = None
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
@@ -373,7 +378,6 @@ def _version() -> str:
 
 _configure_lock = threading.RLock()
 _current: Telemetry | None = None
-_plugins: list[Callable[[Telemetry], None]] = []
 
 
 def get_telemetry() -> Telemetry | None:
@@ -404,11 +408,11 @@ def _install_plugins(telemetry: Telemetry) -> None:
             from otel_training import watchdog
 
             slot = contained()(watchdog.start)(telemetry)
-        telemetry.stuck = StuckSpanProcessor.from_options(  # type: ignore[attr-defined]
+        telemetry.stuck = StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
             exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
-        telemetry.add_span_processor(telemetry.stuck)  # type: ignore[attr-defined]
+        telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.
     if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001
@@ -423,8 +427,6 @@ def _install_plugins(telemetry: Telemetry) -> None:
                 origin_ns=telemetry.process_start_ns,
             )
         )
-    for plugin in _plugins:
-        plugin(telemetry)
 
 
 def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
@@ -433,11 +435,6 @@ def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
 
     end_open_spans(telemetry, sc.EVENT_ALERT, {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ACTION: "exit"},
                    f"exited with code {telemetry.options['stuck_exit_code']}: a watched span was stuck")
-
-
-def register_plugin(plugin: Callable[[Telemetry], None]) -> None:
-    """Have ``configure()`` call ``plugin(telemetry)`` on every new pipeline."""
-    _plugins.append(plugin)
 
 
 def configure(*, reconfigure: bool = False, config_file: str | None = None, **options: Any) -> Telemetry:
