@@ -374,3 +374,18 @@ def test_configuration_doc_is_generated_from_the_options() -> None:
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
     assert markdown_table() in doc, "docs/configuration.md is stale: regenerate with `.venv/bin/python scripts/gen_config_doc.py`"
+
+
+def test_a_pipeline_replaced_by_reconfigure_is_not_kept_alive_by_its_exit_hook(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    options = {"exporter": "none", "signal_hooks": False, "exception_hooks": False, "reconfigure": True}
+    otel_training.configure(**options)  # may become the global providers, which OpenTelemetry keeps for good
+    gone = weakref.ref(otel_training.configure(**options))
+    current = otel_training.configure(**options)
+    try:
+        gc.collect()
+        assert gone() is None  # nothing (its atexit hook included) holds the pipeline that was replaced
+    finally:
+        current.shutdown(timeout_s=2)

@@ -322,6 +322,9 @@ class Telemetry:
                 contained()(self._metric_exporter.shutdown)()
             exported, dropped, pending = self._counts()
             dropped += pending  # nothing queued now will ever leave
+            # A pipeline shut down (a reconfigure) has nothing left for the exit: its hook would
+            # only keep it, its providers and its spans alive until then.
+            atexit.unregister(self._atexit)
             spooled = self.spans_spooled
             result = FlushResult(completed and dropped == 0, exported, dropped, 0, time.monotonic() - start, spooled)
             self._shutdown_result = result
