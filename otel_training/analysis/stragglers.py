@@ -96,6 +96,12 @@ def _windows(count: int, window: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def window_bounds(count: int, window: int = WINDOW) -> list[tuple[int, int]]:
+    """(first, end) step indices of each report window of a rank with ``count`` steps."""
+    _check_window(window)
+    return _windows(count, window)
+
+
 def _ratio(reference: float, median: float) -> float:
     return min(1.0, reference / median) if median > 0 else 1.0
 
@@ -143,6 +149,12 @@ class LiveIndividual:
         return self._score
 
 
+def window_medians(durations: Sequence[float], window: int = WINDOW) -> list[float]:
+    """The median step time of each report window of one rank's steps, in the order they ran."""
+    _check_window(window)
+    return [statistics.median(durations[first:end]) for first, end in _windows(len(durations), window)]
+
+
 def straggler_scores(
     step_durations: Mapping[int, Sequence[float]],
     threshold: float = DEFAULT_THRESHOLD,
@@ -151,12 +163,31 @@ def straggler_scores(
 ) -> list[StragglerScore]:
     """Scores of every rank with steps, given each rank's step durations in the order they ran."""
     _check_window(window)
-    bounds = {rank: _windows(len(durations), window) for rank, durations in step_durations.items() if durations}
-    medians = {rank: [statistics.median(step_durations[rank][first:end]) for first, end in spans]
-               for rank, spans in bounds.items()}
+    ranks = [rank for rank, durations in step_durations.items() if durations]
+    return scores_from_medians(
+        {rank: window_medians(step_durations[rank], window) for rank in ranks},
+        {rank: len(step_durations[rank]) for rank in ranks},
+        {rank: statistics.median(step_durations[rank]) for rank in ranks},
+        threshold, window=window)
+
+
+def scores_from_medians(
+    medians: Mapping[int, Sequence[float]],
+    counts: Mapping[int, int],
+    rank_medians: Mapping[int, float],
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    window: int = WINDOW,
+) -> list[StragglerScore]:
+    """``straggler_scores`` from each rank's window medians, step count and median step time.
+
+    What a reader that streams keeps of a rank instead of holding every step twice.
+    """
+    _check_window(window)
+    bounds = {rank: _windows(counts[rank], window) for rank in medians}
     fastest: dict[int, float] = {}
-    for rank_medians in medians.values():
-        for index, median in enumerate(rank_medians):
+    for each_rank in medians.values():
+        for index, median in enumerate(each_rank):
             fastest[index] = min(fastest.get(index, median), median)
     scores = []
     for rank in sorted(medians):
@@ -168,7 +199,7 @@ def straggler_scores(
                                        _ratio(fastest[index], median), _ratio(best, median)))
         slow = tuple(w for w in windows if w.relative < threshold or w.individual < threshold)
         scores.append(StragglerScore(
-            rank, statistics.median(step_durations[rank]),
+            rank, rank_medians[rank],
             min(w.relative for w in windows), min(w.individual for w in windows),
             bool(slow), tuple(windows), slow,
         ))
