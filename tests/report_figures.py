@@ -75,7 +75,7 @@ def main() -> None:
             result = read_paths([Path(scratch) / "traces"], progress=False)
             assert not result.problems, result.problems
             frozen[name] = figures(build_report(result.records, result.problems, **options))
-    Path(sys.argv[1]).write_text(json.dumps(frozen, indent=1) + "\n")
+    Path(sys.argv[1]).write_text(json.dumps(frozen) + "\n")
 
 
 if __name__ == "__main__":

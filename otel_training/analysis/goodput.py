@@ -80,6 +80,11 @@ class RunAccountant:
             if since is not None:
                 self.timeline.add(sc.BADPUT_STUCK, since, record.end_ns)
 
+    @property
+    def stuck_since_ns(self) -> int | None:
+        """The earliest start of a stuck stretch not yet ended: time from there on is not settled."""
+        return min(self._stuck_since.values(), default=None)
+
     def _alert(self, record: SpanRecord) -> None:
         attributes = record.attributes
         kind = attributes.get(sc.ALERT_KIND)

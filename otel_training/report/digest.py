@@ -27,6 +27,8 @@ from otel_training.analysis.stragglers import window_bounds
 #: longest ones kept besides: the plot shows the shape of a run and its outliers.
 SAMPLE_STEPS = 2048
 SAMPLE_LONGEST = 16
+#: Steps the plot shows of all ranks together (each rank's sample thinned to its share).
+PLOT_STEPS = 65536
 #: Intervals per (rank, label) kept for the timeline before merging those closer than a resolution
 #: that doubles each time: the plot has a few thousand pixels.
 TIMELINE_INTERVALS = 8192
@@ -113,11 +115,14 @@ class StepColumns:
         self.numbers.append(NO_STEP if number is None or not -(2**63) < number < 2**63 else number)
         self.restarts.append(restart)
 
-    def extend(self, other: StepColumns) -> None:
-        self.starts.extend(other.starts)
-        self.durations.extend(other.durations)
-        self.numbers.extend(other.numbers)
-        self.restarts.extend(other.restarts)
+    def copy(self, other: StepColumns, index: int) -> None:
+        self.starts.append(other.starts[index])
+        self.durations.append(other.durations[index])
+        self.numbers.append(other.numbers[index])
+        self.restarts.append(other.restarts[index])
+
+    def __len__(self) -> int:
+        return len(self.starts)
 
     def step(self, rank: int, index: int) -> Step:
         number = self.numbers[index]
@@ -132,10 +137,11 @@ class RankPart:
     rank: int
     runs: list[RunSummary]
     durations: array
-    window_medians: list[float]
-    #: The first and last step of each straggler window, by index among the rank's steps.
-    edges: dict[int, Step]
-    sample: list[Step]
+    window_medians: array
+    #: The first and last step of each straggler window, two per window in window order.
+    edges: StepColumns
+    #: Every n-th step and the longest ones, for the step-time plot.
+    sample: StepColumns
 
 
 def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int) -> RankPart:
@@ -146,15 +152,20 @@ def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int)
     durations = array("d", (steps.durations[index] for index in order)) if order is not None else steps.durations
     order = order if order is not None else range(len(durations))
     bounds = window_bounds(len(durations), window)
-    medians = [statistics.median(durations[first:end]) for first, end in bounds]
-    edges = {position: steps.step(rank, order[position]) for first, end in bounds for position in (first, end - 1)}
+    medians = array("d", (statistics.median(durations[first:end]) for first, end in bounds))
+    edges = StepColumns()
+    for first, end in bounds:
+        edges.copy(steps, order[first])
+        edges.copy(steps, order[end - 1])
     stride = 1
     while len(order) > stride * SAMPLE_STEPS:
         stride *= 2
     kept = set(order[::stride])
     kept.update(order[position] for position in
                 heapq.nlargest(SAMPLE_LONGEST, range(len(durations)), key=durations.__getitem__))
-    sample = [steps.step(rank, index) for index in sorted(kept, key=lambda index: (steps.starts[index], index))]
+    sample = StepColumns()
+    for index in sorted(kept, key=lambda index: (steps.starts[index], index)):
+        sample.copy(steps, index)
     return RankPart(rank, runs, durations, medians, edges, sample)
 
 
@@ -177,8 +188,11 @@ class Intervals:
         self.resolution = 0
 
     def add(self, rank: int, label: str, start_ns: int, end_ns: int) -> None:
+        self.extend(rank, label, [(start_ns, end_ns)])
+
+    def extend(self, rank: int, label: str, items: list[tuple[int, int]]) -> None:
         spans = self.spans[(rank, label)]
-        spans.append((start_ns, end_ns))
+        spans.extend(items)
         if len(spans) > TIMELINE_INTERVALS:
             first = min(start for start, _ in spans)
             self.resolution = max(2 * self.resolution, (max(end for _, end in spans) - first) // TIMELINE_INTERVALS)
@@ -186,8 +200,7 @@ class Intervals:
 
     def update(self, other: Intervals) -> None:
         for (rank, label), spans in other.spans.items():
-            for start, end in spans:
-                self.add(rank, label, start, end)
+            self.extend(rank, label, spans)
 
 
 def merged(intervals: list[tuple[int, int]], resolution: int) -> list[tuple[int, int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from array import array
 from collections.abc import Sequence
 
@@ -10,7 +11,16 @@ from otel_training.analysis import GoodputAccount, SpanRecord, StepStats, Stragg
 from otel_training.analysis.goodput import job_account
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW, WindowScore, scores_from_medians
 from otel_training.report import stats
-from otel_training.report.digest import Alert, Part, Step, part_from_records
+from otel_training.report.digest import (
+    PLOT_STEPS,
+    SAMPLE_LONGEST,
+    Alert,
+    Part,
+    RankPart,
+    Step,
+    StepColumns,
+    part_from_records,
+)
 from otel_training.report.reader import Problem
 
 __all__ = ["Alert", "JobReport", "Step", "assemble", "build_report"]
@@ -38,8 +48,8 @@ class JobReport:
     #: Steps per straggler report window, and the score below which a window names its rank.
     straggler_window: int = WINDOW
     straggler_threshold: float = DEFAULT_THRESHOLD
-    #: The first and last step of each straggler window of each rank, by index among its steps.
-    window_edges: dict[int, dict[int, Step]] = dataclasses.field(default_factory=dict)
+    #: The first and last step of each straggler window of each rank, two per window.
+    window_edges: dict[int, StepColumns] = dataclasses.field(default_factory=dict)
     #: Labelled time of each rank for the timeline, (rank, label) -> intervals.
     intervals: dict[tuple[int, str], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
@@ -54,7 +64,7 @@ class JobReport:
     def window_steps(self, rank: int, window: WindowScore) -> tuple[Step, Step]:
         """The first and last step of a rank's straggler window: its training steps and times."""
         edges = self.window_edges[rank]
-        return edges[window.first], edges[window.last]
+        return edges.step(rank, 2 * window.index), edges.step(rank, 2 * window.index + 1)
 
     def window_label(self, rank: int, window: WindowScore) -> str:
         """"steps 40-59, 80.0-120.0 s into the job": where to look on the step-time plot.
@@ -116,13 +126,26 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
             straggler_threshold, window=straggler_window),
         alerts=sorted(part.alerts, key=lambda alert: alert.time_ns),
         rank_durations={rank.rank: rank.durations for rank in with_steps},
-        step_sample=[step for rank in ranks for step in rank.sample],
+        step_sample=_plot_sample(ranks),
         problems=list(problems),
         straggler_window=straggler_window,
         straggler_threshold=straggler_threshold,
         window_edges={rank.rank: rank.edges for rank in with_steps},
         intervals=dict(part.intervals.spans),
     )
+
+
+def _plot_sample(ranks: Sequence[RankPart]) -> list[Step]:
+    """Each rank's sample thinned to its share of ``PLOT_STEPS`` (keeping its longest steps)."""
+    share = max(SAMPLE_LONGEST, PLOT_STEPS // max(1, len(ranks)))
+    steps = []
+    for rank in ranks:
+        sample = rank.sample
+        longest = set(heapq.nlargest(SAMPLE_LONGEST, range(len(sample)), key=sample.durations.__getitem__))
+        stride = -(-len(sample) // share)
+        steps.extend(sample.step(rank.rank, index) for index in range(len(sample))
+                     if index % stride == 0 or index in longest)
+    return steps
 
 
 def build_report(

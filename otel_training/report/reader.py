@@ -107,7 +107,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
-def _not_strings(**fields: Any) -> TypeError:
+def not_strings(**fields: Any) -> TypeError:
     wrong = ", ".join(f"{key} is {type(value).__name__}" for key, value in fields.items() if not isinstance(value, str))
     return TypeError(f"{wrong}, not a string")
 
@@ -129,7 +129,7 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
                 # Ids are joined and compared later: another type is a malformed span, not a crash there.
                 if not (type(name) is str and type(trace_id) is str and type(span_id) is str
                         and type(parent_id) is str):
-                    raise _not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
+                    raise not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
                 records.append(SpanRecord(
                     name=name,
                     start_ns=int(span["startTimeUnixNano"]),
@@ -314,6 +314,17 @@ def _unique(records: list[SpanRecord], seen: set[str]) -> tuple[list[SpanRecord]
             seen.add(key)
         unique.append(record)
     return unique, len(records) - len(unique)
+
+
+def stream_records(paths: Sequence[str | os.PathLike[str]]) -> Iterator[SpanRecord]:
+    """Every span under ``paths``, one line of a file at a time (problems are ``read_paths``'s to report)."""
+    files, _ = find_trace_files(paths)
+    unique: dict[Path, Path] = {}
+    for path in files:
+        unique.setdefault(path.resolve(), path)
+    for path in unique.values():
+        for line_records in FileScan(path, _checked_records):
+            yield from line_records
 
 
 def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:
