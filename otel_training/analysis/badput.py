@@ -163,18 +163,22 @@ class Timeline:
         top = 0
         found: list[int] = []
         next_mark = marks[0] if marks else until_ns + 1
+        labels = _BY_PRIORITY
         for time_ns, delta, priority in boundaries:
             while next_mark <= time_ns:
                 found.append(self._productive_at(next_mark, cursor, top))
                 next_mark = marks[len(found)] if len(found) < len(marks) else until_ns + 1
             if time_ns > cursor:
-                totals[self._label(top, cursor)] += time_ns - cursor
+                totals[labels[top] if top else self._label(0, cursor)] += time_ns - cursor
                 cursor = time_ns
-            counts[priority] += delta
             if delta > 0:
-                top = max(top, priority)
-            elif priority == top and counts[priority] == 0:
-                top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
+                counts[priority] += 1
+                if priority > top:
+                    top = priority
+            elif delta:
+                counts[priority] -= 1
+                if priority == top and not counts[priority]:
+                    top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
         while len(found) < len(marks):  # after the last boundary nothing covers time: none is productive
             found.append(self._productive_at(marks[len(found)], cursor, 0))
         if until_ns > cursor:

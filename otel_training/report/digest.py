@@ -25,13 +25,15 @@ from otel_training.analysis.stragglers import window_bounds
 
 #: Steps per rank kept for the step-time plot (every n-th, n doubling as the run grows), and the
 #: longest ones kept besides: the plot shows the shape of a run and its outliers.
-SAMPLE_STEPS = 2048
+SAMPLE_STEPS = 1024
 SAMPLE_LONGEST = 16
 #: Steps the plot shows of all ranks together (each rank's sample thinned to its share).
 PLOT_STEPS = 65536
 #: Intervals per (rank, label) kept for the timeline before merging those closer than a resolution
 #: that doubles each time: the plot has a few thousand pixels.
-TIMELINE_INTERVALS = 8192
+TIMELINE_INTERVALS = 2048
+#: Ranks the timeline shows (the lowest-numbered).
+TIMELINE_RANKS = 16
 #: No step number (``Step.step`` None) in an ``array('q')``.
 NO_STEP = -(2**63)
 
@@ -181,17 +183,30 @@ def _run_order(starts: array) -> Sequence[int] | None:
 
 
 class Intervals:
-    """Labelled time of each rank for the timeline plot, merged once there are more than it can show."""
+    """Labelled time of the lowest-numbered ranks for the timeline plot, merged past what it can show.
+
+    A timeline of a thousand ranks is not readable, and its intervals would be the largest
+    thing the report holds: ``TIMELINE_RANKS`` ranks are kept (the page says how many of all).
+    """
 
     def __init__(self) -> None:
-        self.spans: defaultdict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+        self.spans: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        self.ranks: set[int] = set()
         self.resolution = 0
 
     def add(self, rank: int, label: str, start_ns: int, end_ns: int) -> None:
         self.extend(rank, label, [(start_ns, end_ns)])
 
     def extend(self, rank: int, label: str, items: list[tuple[int, int]]) -> None:
-        spans = self.spans[(rank, label)]
+        if rank not in self.ranks:
+            if len(self.ranks) >= TIMELINE_RANKS:
+                highest = max(self.ranks)
+                if rank > highest:
+                    return
+                self.ranks.discard(highest)
+                self.spans = {key: spans for key, spans in self.spans.items() if key[0] != highest}
+            self.ranks.add(rank)
+        spans = self.spans.setdefault((rank, label), [])
         spans.extend(items)
         if len(spans) > TIMELINE_INTERVALS:
             first = min(start for start, _ in spans)

@@ -81,26 +81,41 @@ def _digest(job: tuple[int, Path, Options]) -> tuple[int, Part, list[Problem]]:
     return index, part, problems
 
 
+def _digest_of(path: Path, limit: int | None = None) -> bytes | None:
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with path.open("rb") as handle:
+            if limit is not None:
+                digest.update(handle.read(limit))
+            else:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+    except OSError:
+        return None  # reading it says why
+    return digest.digest()
+
+
 def _content_duplicates(files: list[Path]) -> dict[Path, Path]:
-    """Files with the same content as an earlier one (a copy), compared only where sizes match."""
-    by_size: dict[int, list[Path]] = {}
+    """Files with the same content as an earlier one (a copy): same size, same first MB, then same whole."""
+    groups: dict[object, list[Path]] = {}
     for path in files:
-        by_size.setdefault(_size(path), []).append(path)
+        groups.setdefault(_size(path), []).append(path)
+    for key in [key for key, same in groups.items() if len(same) > 1 and key]:
+        for path in groups.pop(key):
+            groups.setdefault((key, _digest_of(path, 1 << 20)), []).append(path)
     duplicates: dict[Path, Path] = {}
-    for size, same in by_size.items():
-        if len(same) < 2 or size == 0:
+    for key, same in groups.items():
+        if not isinstance(key, tuple) or len(same) < 2 or key[1] is None:
             continue
         seen: dict[bytes, Path] = {}
         for path in same:
-            digest = hashlib.blake2b(digest_size=16)
-            try:
-                with path.open("rb") as handle:
-                    while chunk := handle.read(1 << 20):
-                        digest.update(chunk)
-            except OSError:
-                continue  # reading it says why
-            duplicates.update({path: seen[digest.digest()]} if digest.digest() in seen else {})
-            seen.setdefault(digest.digest(), path)
+            digest = _digest_of(path)
+            if digest is None:
+                continue
+            if digest in seen:
+                duplicates[path] = seen[digest]
+            else:
+                seen[digest] = path
     return duplicates
 
 

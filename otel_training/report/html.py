@@ -16,7 +16,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord
-from otel_training.report.digest import merged
+from otel_training.report.digest import TIMELINE_RANKS, merged
 from otel_training.report.job import JobReport
 from otel_training.report.summary import render_summary
 
@@ -153,6 +153,8 @@ def _plot_breakdown(report: JobReport) -> str:
 def _plot_timeline(report: JobReport) -> str:
     plt = _pyplot()
     ranks = sorted({run.key.rank for run in report.goodput.runs})
+    total_ranks = len(ranks)
+    ranks = ranks[:TIMELINE_RANKS]
     figure, axes = plt.subplots(figsize=(11, 0.9 + 0.45 * max(1, len(ranks))))
     span_ns = max(1, report.end_ns - report.start_ns)
     resolution = span_ns // TIMELINE_BINS
@@ -162,7 +164,8 @@ def _plot_timeline(report: JobReport) -> str:
         if rank in row:
             intervals[(rank, label)].extend(spans)
     for run in report.goodput.runs:
-        intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
+        if run.key.rank in row:
+            intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
     used: set[str] = set()
     merged_spans = {key: merged(spans, resolution) for key, spans in intervals.items()}
     rasterize = sum(len(spans) for spans in merged_spans.values()) > RASTERIZE_ABOVE
@@ -181,7 +184,10 @@ def _plot_timeline(report: JobReport) -> str:
     axes.set_ylim(-0.6, len(ranks) - 0.4 + 0.3)
     axes.invert_yaxis()
     axes.set_xlabel("time since job start (s)")
-    axes.set_title("Per-rank timeline (grey: a run of the rank; triangles: stuck/recovered alerts)")
+    title = "Per-rank timeline (grey: a run of the rank; triangles: stuck/recovered alerts)"
+    if len(ranks) < total_ranks:
+        title += f"; the {len(ranks)} lowest-numbered of {total_ranks} ranks"
+    axes.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[label]) for label in COLORS if label in used]
     axes.legend(handles, [label for label in COLORS if label in used], loc="upper left",
                 bbox_to_anchor=(1.0, 1.0), fontsize="small")

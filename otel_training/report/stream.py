@@ -36,6 +36,7 @@ from otel_training.report.reader import (
     MIN_TIME_NS,
     FileScan,
     Problem,
+    any_value,
     attributes,
     impossible_alert,
     impossible_times,
@@ -216,6 +217,14 @@ def _step_number(value: object) -> int | None:
     return None
 
 
+_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.CHECKPOINT_STEP})
+
+
+def _some_attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The attributes of a step or checkpoint span the report reads (the rest is left unconverted)."""
+    return {item["key"]: any_value(item.get("value", {})) for item in items or () if item["key"] in _STEP_ATTRIBUTES}
+
+
 def _convert(request: dict[str, Any]) -> tuple[list[tuple[RunKey, str, str, list[tuple]]], list[tuple[str, str]]]:
     """The spans of one request as tuples, attributes read only where the report uses them."""
     resources = []
@@ -231,7 +240,10 @@ def _convert(request: dict[str, Any]) -> tuple[list[tuple[RunKey, str, str, list
                 if not (type(name) is str and type(span_id) is str):
                     raise not_strings(name=name, spanId=span_id)
                 start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
-                values = attributes(span.get("attributes")) if name in WITH_ATTRIBUTES else None
+                values = None
+                if name in WITH_ATTRIBUTES:
+                    values = attributes(span.get("attributes")) if name == sc.SPAN_ALERT else \
+                        _some_attributes(span.get("attributes"))
                 if not (MIN_TIME_NS <= start <= end <= MAX_TIME_NS) or (
                         name == sc.SPAN_ALERT and impossible_alert(values or {})):
                     why = impossible_times(start, end) or impossible_alert(values or {})
@@ -304,8 +316,7 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     steps[rank].add(start, end, values.get(sc.STEP), restart)
                     run.durations.append(max(0, end - start) / 1e9)
                 if name in accounted or name in run.watched_names:
-                    run.push(SpanRecord(name, start, end, key, values or {}, span_id=span_id, error=error,
-                                        service=service, role=role))
+                    run.push(SpanRecord(name, start, end, key, values or {}, "", span_id, "", error, service, role))
                 else:
                     run.skipped_names.add(name)
                 if name == alert_name:
