@@ -166,19 +166,20 @@ def test_progress_bar_on_stderr_when_asked(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().err == ""
 
 
-def test_exact_statistics_without_numpy_equal_those_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exact_statistics_with_numpy_equal_the_analysis_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's partitions give the very floats ``statistics`` gives (without numpy they are what runs)."""
     import random
     from array import array
 
     rng = random.Random(5)
     for count in (1, 2, 9, 10, 11, 1000, 1001):
-        durations = array("d", (rng.lognormvariate(-2, 0.5) for _ in range(count)))
-        durations.append(durations[0])  # ties
-        with_numpy = (stats.threshold_of(durations), stats.median_of(durations))
-        ideal = stats.ideal_of(durations, with_numpy[0], None)
-        summary = stats.stats_of(durations, ideal, with_numpy[0])
-        monkeypatch.setattr(stats, "_numpy", lambda: None)
-        assert (stats.threshold_of(durations), stats.median_of(durations)) == with_numpy
-        assert stats.ideal_of(durations, with_numpy[0], None) == ideal
-        assert stats.stats_of(durations, ideal, with_numpy[0]) == summary
-        monkeypatch.undo()
+        ranks = [array("d", (rng.lognormvariate(-2, 0.5) for _ in range(count))) for _ in range(3)]
+        ranks[0].append(ranks[1][0])  # ties
+        for configured in (None, 0.1):
+            threshold, ideal, job = stats.job_figures(ranks, configured)
+            per_rank = [(stats.stats_of(durations, ideal, threshold), stats.median_of(durations)) for durations in ranks]
+            monkeypatch.setattr(stats, "_numpy", lambda: None)
+            assert stats.job_figures(ranks, configured) == (threshold, ideal, job)
+            assert [(stats.stats_of(durations, ideal, threshold), stats.median_of(durations))
+                    for durations in ranks] == per_rank
+            monkeypatch.undo()

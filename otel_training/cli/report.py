@@ -42,24 +42,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _window(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of steps >= 1, not {text!r}")
-    return value
+def _whole(what: str) -> Any:
+    """An argparse type: a whole number of ``what`` >= 1."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what} >= 1, not {text!r}")
+        return value
+
+    return parse
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of processes >= 1, not {text!r}")
-    return value
+_window = _whole("steps")
+_workers = _whole("processes")
 
 
 def default_html_path(paths: list[str]) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
-from otel_training.report.digest import Part, part_from_records
+from otel_training.report.digest import Intervals, Part, part_from_records
 from otel_training.report.job import JobReport, assemble
 from otel_training.analysis import SpanRecord
 from otel_training.report.reader import Problem, _progress_bar, _size, _unique, find_trace_files, read_file
@@ -119,9 +119,13 @@ def _content_duplicates(files: list[Path]) -> dict[Path, Path]:
     return duplicates
 
 
-def read_parts(files: Sequence[Path], options: Options, *, progress: bool | None = None,
+def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *, progress: bool | None = None,
                workers: int | None = None) -> tuple[list[tuple[Part, list[Problem]]], Any]:
-    """Each file's part and problems, in the order of ``files``; several files are read by several processes."""
+    """Each file's part and problems, in the order of ``files``; several files are read by several processes.
+
+    Each part's timeline intervals are merged into ``intervals`` as it arrives (a thousand files'
+    worth would be the largest thing held), the rest of it kept.
+    """
     total = sum(_size(path) for path in files)
     bar = _progress_bar(total, progress)
     workers = min(workers or workers_available(), len(files))
@@ -130,8 +134,9 @@ def read_parts(files: Sequence[Path], options: Options, *, progress: bool | None
     try:
         if workers <= 1:
             for index, path, _ in jobs:
-                results[index] = digest_file(path, window=options.window, job_id=options.job_id,
-                                             evaluation_is_productive=options.evaluation_is_productive, progress=bar)
+                results[index] = _keep(digest_file(
+                    path, window=options.window, job_id=options.job_id,
+                    evaluation_is_productive=options.evaluation_is_productive, progress=bar), intervals)
             return results, bar
         context = get_context("fork" if "fork" in _methods() else "spawn")
         queue = context.Queue() if bar is not None else None
@@ -142,7 +147,7 @@ def read_parts(files: Sequence[Path], options: Options, *, progress: bool | None
         jobs.sort(key=lambda job: -_size(job[1]))
         with context.Pool(workers, initializer=_init_worker, initargs=(queue,)) as pool:
             for index, part, problems in pool.imap_unordered(_digest, jobs, chunksize=1):
-                results[index] = (part, problems)
+                results[index] = _keep((part, problems), intervals)
         if queue is not None:
             queue.put(None)
             assert drain is not None
@@ -151,6 +156,13 @@ def read_parts(files: Sequence[Path], options: Options, *, progress: bool | None
     finally:
         if bar is not None:
             bar.close()
+
+
+def _keep(result: tuple[Part, list[Problem]], intervals: Intervals) -> tuple[Part, list[Problem]]:
+    part, _ = result
+    intervals.update(part.intervals)
+    part.intervals = Intervals()
+    return result
 
 
 def _methods() -> list[str]:
@@ -184,8 +196,8 @@ def report_files(
     copies = _content_duplicates(files)
     options = Options(straggler_window, evaluation_is_productive, job_id)
     read = [path for path in files if path not in copies]
-    results, _ = read_parts(read, options, progress=progress, workers=workers)
     part = Part()
+    results, _ = read_parts(read, options, part.intervals, progress=progress, workers=workers)
     owners: dict[int, list[Path]] = {}
     for path, (file_part, file_problems) in zip(read, results):
         problems.extend(file_problems)

@@ -101,11 +101,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
              straggler_threshold: float = DEFAULT_THRESHOLD, straggler_window: int = WINDOW) -> JobReport:
     """The report of a job from what its inputs contributed."""
     ranks = [part.ranks[rank] for rank in sorted(part.ranks)]
-    pooled = stats.pooled([rank.durations for rank in ranks])
-    threshold = stats.threshold_of(pooled)
-    ideal = stats.ideal_of(pooled, threshold, ideal_step_time_s)
-    job_steps = stats.stats_of(pooled, ideal, threshold)
-    del pooled
+    threshold, ideal, job_steps = stats.job_figures([rank.durations for rank in ranks], ideal_step_time_s)
     with_steps = [rank for rank in ranks if rank.durations]
     return JobReport(
         job_ids=sorted(part.job_ids),

@@ -12,6 +12,7 @@ tests compare both. Without numpy the analysis functions themselves run.
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Sequence
@@ -45,31 +46,48 @@ def _median(values: Any) -> float:
 
 
 def _fmean(values: Any) -> float:
-    """``statistics.fmean``: the correctly rounded sum over the count."""
-    return math.fsum(array("d", values.tobytes())) / len(values)
+    """``statistics.fmean``: the correctly rounded sum over the count (a memoryview: floats, no copy)."""
+    return math.fsum(memoryview(values)) / len(values)
 
 
-def threshold_of(durations: array) -> float | None:
-    """``normal_threshold`` of the durations."""
-    numpy = _numpy()
-    if numpy is None or len(durations) < MIN_STEPS:
-        return normal_threshold(list(durations))
-    values = numpy.array(_values(durations))  # a copy: partitioning reorders it
-    median = _median(values)
-    numpy.subtract(values, median, out=values)
-    numpy.abs(values, out=values)
-    return median + MAD_FACTOR * _median(values)
+def job_figures(arrays: Sequence[array], configured_ideal: float | None,
+                ) -> tuple[float | None, float | None, StepStats | None]:
+    """The job's normal threshold, ideal step time and step statistics, over every rank's steps.
 
-
-def ideal_of(durations: array, threshold: float | None, configured: float | None) -> float | None:
-    """``ideal_step_time`` of the durations, given their ``threshold_of``."""
-    if configured is not None or threshold is None:
-        return configured
+    ``normal_threshold``, ``ideal_step_time`` and ``step_stats`` of the pooled durations, with
+    one pooled copy, reordered and then turned into the deviations from the median in place.
+    """
     numpy = _numpy()
     if numpy is None:
-        return ideal_step_time(list(durations), configured)
-    values = _values(durations)
-    return _fmean(values[values <= threshold])
+        pooled = list(itertools.chain.from_iterable(arrays))
+        threshold = normal_threshold(pooled)
+        ideal = ideal_step_time(pooled, configured_ideal)
+        return threshold, ideal, step_stats(pooled, ideal, threshold)
+    parts = [numpy.frombuffer(durations, dtype="float64") for durations in arrays if len(durations)]
+    if not parts:
+        return None, configured_ideal, None
+    values = numpy.concatenate(parts)
+    count = len(values)
+    mean = _fmean(values)
+    minimum, maximum = float(values.min()), float(values.max())
+    median = _median(values)
+    k = min(count - 1, int(0.9 * count))
+    values.partition(k)
+    p90 = float(values[k])
+    threshold = None
+    if count >= MIN_STEPS:
+        numpy.subtract(values, median, out=values)  # the pooled copy becomes the deviations: the ranks'
+        numpy.abs(values, out=values)  # own arrays still hold the durations
+        threshold = median + MAD_FACTOR * _median(values)
+    del values
+    ideal = configured_ideal
+    if ideal is None and threshold is not None:
+        normal = math.fsum(itertools.chain.from_iterable(memoryview(part[part <= threshold]) for part in parts))
+        ideal = normal / sum(int(numpy.count_nonzero(part <= threshold)) for part in parts)
+    abnormal = 0 if threshold is None else sum(int(numpy.count_nonzero(part > threshold)) for part in parts)
+    return threshold, ideal, StepStats(count=count, mean=mean, median=median, p90=p90, minimum=minimum,
+                                       maximum=maximum, ideal=ideal,
+                                       mean_deviation=None if ideal is None else mean - ideal, abnormal=abnormal)
 
 
 def median_of(durations: array) -> float:
@@ -97,11 +115,3 @@ def stats_of(durations: array, ideal: float | None, threshold: float | None) -> 
     return StepStats(count=count, mean=mean, median=median, p90=float(values[k]), minimum=minimum,
                      maximum=maximum, ideal=ideal, mean_deviation=None if ideal is None else mean - ideal,
                      abnormal=abnormal)
-
-
-def pooled(arrays: Sequence[array]) -> array:
-    """The durations of all ranks in one array (order does not change any statistic here)."""
-    out = array("d")
-    for part in arrays:
-        out.extend(part)
-    return out
