@@ -47,7 +47,7 @@ DEFAULT_THRESHOLD = 0.75
 WINDOW = 10
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WindowScore:
     """One report window of a rank: its steps ``first`` to ``last`` (0-based, inclusive) in the order they ran."""
 
@@ -68,7 +68,7 @@ class WindowScore:
         return "relative" if self.relative <= self.individual else "individual"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StragglerScore:
     """A rank's scores: ``relative`` and ``individual`` are its worst window's on each view."""
 
