@@ -27,7 +27,11 @@ def figures(report: Any) -> dict[str, Any]:
         "normal_threshold_s": report.normal_threshold_s,
         "rank_steps": [[rank, dataclasses.asdict(stats)] for rank, stats in report.rank_steps.items()],
         "job_steps": None if report.job_steps is None else dataclasses.asdict(report.job_steps),
-        "stragglers": [dataclasses.asdict(score) for score in report.stragglers],
+        # Windows as a list of dicts, whether a version keeps them as a tuple or a compact sequence.
+        "stragglers": [{field.name: ([dataclasses.asdict(window) for window in getattr(score, field.name)]
+                                     if field.name in ("windows", "slow_windows")
+                                     else getattr(score, field.name))
+                        for field in dataclasses.fields(score)} for score in report.stragglers],
         "straggler_lines": report.straggler_lines(),
         "window_labels": [report.window_label(score.rank, score.worst_window) for score in report.stragglers
                           if score.worst_window is not None],

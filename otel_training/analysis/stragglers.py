@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from array import array
 from collections.abc import Mapping, Sequence
+from typing import overload
 
 #: Score below which a rank is named a straggler (NVIDIA's default is 0.75 too).
 DEFAULT_THRESHOLD = 0.75
@@ -77,7 +79,8 @@ class StragglerScore:
     relative: float
     individual: float
     straggler: bool
-    windows: tuple[WindowScore, ...] = ()
+    #: Every window in order (a tuple, or ``WindowScores`` where the report keeps them compact).
+    windows: Sequence[WindowScore] = ()
     #: The windows scoring below the threshold on either view, in order.
     slow_windows: tuple[WindowScore, ...] = ()
 
@@ -178,29 +181,67 @@ def scores_from_medians(
     threshold: float = DEFAULT_THRESHOLD,
     *,
     window: int = WINDOW,
+    compact: bool = False,
 ) -> list[StragglerScore]:
     """``straggler_scores`` from each rank's window medians, step count and median step time.
 
-    What a reader that streams keeps of a rank instead of holding every step twice.
+    What a reader that streams keeps of a rank instead of holding every step twice. ``compact``:
+    each score's ``windows`` is a ``WindowScores`` (the same windows, made when read) rather
+    than a tuple of objects.
     """
     _check_window(window)
-    bounds = {rank: _windows(counts[rank], window) for rank in medians}
     fastest: dict[int, float] = {}
     for each_rank in medians.values():
         for index, median in enumerate(each_rank):
             fastest[index] = min(fastest.get(index, median), median)
     scores = []
     for rank in sorted(medians):
-        windows = []
+        relative, individual = array("d"), array("d")
         best = float("inf")
-        for index, ((first, end), median) in enumerate(zip(bounds[rank], medians[rank])):
+        for index, median in enumerate(medians[rank]):
             best = min(best, median)
-            windows.append(WindowScore(index, first, end - 1, median,
-                                       _ratio(fastest[index], median), _ratio(best, median)))
+            relative.append(_ratio(fastest[index], median))
+            individual.append(_ratio(best, median))
+        windows = WindowScores(counts[rank], window, medians[rank], relative, individual)
         slow = tuple(w for w in windows if w.relative < threshold or w.individual < threshold)
         scores.append(StragglerScore(
-            rank, rank_medians[rank],
-            min(w.relative for w in windows), min(w.individual for w in windows),
-            bool(slow), tuple(windows), slow,
+            rank, rank_medians[rank], min(relative), min(individual), bool(slow),
+            windows if compact else tuple(windows), slow,
         ))
     return scores
+
+
+class WindowScores(Sequence[WindowScore]):
+    """A rank's window scores as three arrays, each ``WindowScore`` made when asked for.
+
+    A job of ten million steps has a million windows: as objects, a few hundred MB.
+    """
+
+    def __init__(self, count: int, window: int, medians: Sequence[float], relative: Sequence[float],
+                 individual: Sequence[float]) -> None:
+        self._count, self._window = count, window
+        self._whole = count // window
+        self._medians, self._relative, self._individual = medians, relative, individual
+
+    def __len__(self) -> int:
+        return len(self._medians)
+
+    @overload
+    def __getitem__(self, index: int) -> WindowScore: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[WindowScore]: ...
+
+    def __getitem__(self, index: int | slice) -> WindowScore | Sequence[WindowScore]:
+        if isinstance(index, slice):
+            return tuple(self[position] for position in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if index < self._whole:
+            first, end = index * self._window, (index + 1) * self._window
+        else:  # the last, part of a window
+            first, end = self._whole * self._window, self._count
+        return WindowScore(index, first, end - 1, self._medians[index], self._relative[index],
+                           self._individual[index])

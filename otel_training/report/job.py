@@ -119,7 +119,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
             {rank.rank: rank.window_medians for rank in with_steps},
             {rank.rank: len(rank.durations) for rank in with_steps},
             {rank.rank: stats.median_of(rank.durations) for rank in with_steps},
-            straggler_threshold, window=straggler_window),
+            straggler_threshold, window=straggler_window, compact=True),
         alerts=sorted(part.alerts, key=lambda alert: alert.time_ns),
         rank_durations={rank.rank: rank.durations for rank in with_steps},
         step_sample=_plot_sample(ranks),
