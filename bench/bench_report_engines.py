@@ -55,6 +55,20 @@ def _pyarrow(path: Path) -> int:
     return len(names) + 0 * len(starts) + 0 * len(ends)
 
 
+def _one_thread(engine: Callable[[Path], int]) -> Callable[[Path], int]:
+    """As a worker among one per core would run it: pyarrow's pool limited to one thread."""
+    def run(path: Path) -> int:
+        import pyarrow
+
+        threads = pyarrow.cpu_count()
+        pyarrow.set_cpu_count(1)
+        try:
+            return engine(path)
+        finally:
+            pyarrow.set_cpu_count(threads)
+    return run
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=500_000)
@@ -70,7 +84,8 @@ def main() -> int:
     try:
         import pyarrow.json  # noqa: F401
 
-        engines["pyarrow.json + compute, to Python"] = _pyarrow
+        engines["pyarrow.json + compute, to Python (its threads)"] = _pyarrow
+        engines["pyarrow.json + compute, to Python (1 thread)"] = _one_thread(_pyarrow)
     except ImportError:
         print("pyarrow: not installed")
     for name in ("polars", "duckdb"):
