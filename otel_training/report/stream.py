@@ -58,7 +58,7 @@ _STATUS_ERROR = 2
 
 
 def json_loads() -> Callable[[bytes], Any]:
-    """orjson's parser where installed (the report extra: about twice as fast), else the standard one.
+    """orjson's parser where installed (the report extra: 1.2x faster to a span's values), else the standard one.
 
     A line orjson refuses goes to the standard parser: its error names the problem as the
     in-memory reader does, and what orjson refuses but JSON allows (integers past 64 bits) is read.
