@@ -12,7 +12,7 @@ smallest size only: it holds every span, and 10M would need over 10 GB.
 
 Usage:
     .venv/bin/python bench/bench_report.py [--sizes 1M,10M,50M] [--ranks 8,100,1000] [--restarts 1]
-        [--html-up-to 10M] [--old-ref REF] [--dir /tmp/bench-report] [--keep]
+        [--html-up-to 10M] [--before-up-to 1M] [--old-ref REF] [--dir /tmp/bench-report] [--keep]
 
 Inputs go under ``--dir`` (about 300 bytes a span: 15 GB at 50M) and are
 deleted after each size unless ``--keep``.
@@ -99,6 +99,8 @@ def main() -> int:
     parser.add_argument("--ranks", default="8,100,1000", help="ranks of each size, in order (the last repeats)")
     parser.add_argument("--restarts", type=int, default=1)
     parser.add_argument("--html-up-to", default="10M", help="also time the HTML page up to this size")
+    parser.add_argument("--before-up-to", default="1M",
+                        help="run the code before up to this size (it holds every span: ~0.9 GB a million)")
     parser.add_argument("--old-ref", default=None, help="git ref of the code to compare (default: merge base with main)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench-report")
     parser.add_argument("--keep", action="store_true", help="keep the generated traces")
@@ -120,7 +122,7 @@ def main() -> int:
             megabytes = sum(path.stat().st_size for path in traces.iterdir()) / 1e6
             print(f"generated {spans:,} spans, {size_ranks} ranks, {args.restarts} restart(s): {megabytes:,.0f} MB "
                   f"in {time.perf_counter() - started:.0f} s", flush=True)
-            versions = [("this", ROOT)] + ([("before", old)] if index == 0 else [])
+            versions = [("this", ROOT)] + ([("before", old)] if size <= _count(args.before_up_to) else [])
             for mode in ("summary", "summary+html"):
                 if mode == "summary+html" and size > _count(args.html_up_to):
                     continue
