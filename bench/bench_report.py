@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report_job import generate  # noqa: E402
+from report_job import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 

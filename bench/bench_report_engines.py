@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report_job import generate  # noqa: E402
+from report_job import generate
 
-from otel_training.report.reader import FileScan  # noqa: E402
-from otel_training.report.stream import _convert, digest_file  # noqa: E402
+from otel_training.report.reader import FileScan
+from otel_training.report.stream import _convert, digest_file
 
 
 def _scan(loads: Callable[[bytes], object]) -> Callable[[Path], int]:

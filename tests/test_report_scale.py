@@ -12,18 +12,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import goodput_traces as crafted
 import pytest
+from report_figures import CASES, figures
 
 from otel_training.analysis.goodput import RunAccountant
-from otel_training.report import build_report, read_paths, render_html, render_summary, stats, stream
+from otel_training.report import (
+    build_report,
+    read_paths,
+    render_html,
+    render_summary,
+    stats,
+    stream,
+)
 from otel_training.report import files as report_files_module
 from otel_training.report.files import report_files
 
-import goodput_traces as crafted
-from report_figures import CASES, figures
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from report_job import generate  # noqa: E402
+from report_job import generate
 
 FROZEN = json.loads((Path(__file__).parent / "fixtures" / "report_figures.json").read_text())
 
@@ -132,7 +138,7 @@ def test_a_copy_of_a_file_counts_once(tmp_path: Path) -> None:
 
 
 def test_damaged_files_are_named_by_file_and_line_and_the_rest_is_used(tmp_path: Path) -> None:
-    r0, r1 = crafted.write_otlp(tmp_path / "traces")
+    _, r1 = crafted.write_otlp(tmp_path / "traces")
     lines = r1.read_text().splitlines()
     r1.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2] + "\n")
     metrics = tmp_path / "metrics-r0.jsonl"

@@ -173,8 +173,7 @@ class Timeline:
                 cursor = time_ns
             if delta > 0:
                 counts[priority] += 1
-                if priority > top:
-                    top = priority
+                top = max(top, priority)
             elif delta:
                 counts[priority] -= 1
                 if priority == top and not counts[priority]:

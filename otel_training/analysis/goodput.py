@@ -27,7 +27,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from otel_training import semconv as sc
-from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, STEP_SPAN_NAMES, Timeline, timeline_label
+from otel_training.analysis.badput import (
+    BUCKETS,
+    PRODUCTIVE,
+    STEP_SPAN_NAMES,
+    Timeline,
+    timeline_label,
+)
 from otel_training.analysis.records import RunKey, SpanRecord
 from otel_training.analysis.steps import ideal_step_time, times_step
 

@@ -89,7 +89,12 @@ def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None
 
 def run(args: argparse.Namespace) -> int:
     from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
-    from otel_training.report import build_report, render_html, render_summary, write_chrome_trace
+    from otel_training.report import (
+        build_report,
+        render_html,
+        render_summary,
+        write_chrome_trace,
+    )
     from otel_training.report.files import report_files
     from otel_training.report.reader import stream_records
 

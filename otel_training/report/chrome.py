@@ -60,7 +60,7 @@ def write_chrome_trace(records: Iterable[SpanRecord], path: str | os.PathLike[st
             ranks.setdefault(record.run.rank, record.service)
             handle.write(("," if spans else "") + json.dumps(_event(record), separators=(",", ":"), default=str))
             spans += 1
-        for index, event in enumerate(_metadata(ranks)):
-            handle.write(("," if spans or index else "") + json.dumps(event, separators=(",", ":"), default=str))
+        handle.writelines(("," if spans or index else "") + json.dumps(event, separators=(",", ":"), default=str)
+                          for index, event in enumerate(_metadata(ranks)))
         handle.write('],"displayTimeUnit":"ms"}')
     return spans

@@ -19,11 +19,18 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from otel_training.analysis import SpanRecord
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
 from otel_training.report.digest import Intervals, Part, part_from_records
 from otel_training.report.job import JobReport, assemble
-from otel_training.analysis import SpanRecord
-from otel_training.report.reader import Problem, _progress_bar, _size, _unique, find_trace_files, read_file
+from otel_training.report.reader import (
+    Problem,
+    _progress_bar,
+    _size,
+    _unique,
+    find_trace_files,
+    read_file,
+)
 from otel_training.report.stream import digest_file
 
 #: Bytes a worker reads between two progress messages.

@@ -9,7 +9,12 @@ from collections.abc import Sequence
 
 from otel_training.analysis import GoodputAccount, SpanRecord, StepStats, StragglerScore
 from otel_training.analysis.goodput import job_account
-from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW, WindowScore, scores_from_medians
+from otel_training.analysis.stragglers import (
+    DEFAULT_THRESHOLD,
+    WINDOW,
+    WindowScore,
+    scores_from_medians,
+)
 from otel_training.report import stats
 from otel_training.report.digest import (
     PLOT_STEPS,

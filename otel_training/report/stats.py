@@ -18,7 +18,12 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from otel_training.analysis import StepStats, ideal_step_time, normal_threshold, step_stats
+from otel_training.analysis import (
+    StepStats,
+    ideal_step_time,
+    normal_threshold,
+    step_stats,
+)
 from otel_training.analysis.steps import MAD_FACTOR, MIN_STEPS
 
 

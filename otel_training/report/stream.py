@@ -131,8 +131,7 @@ class _Run:
         end = record.end_ns
         self.buffer.append((end, self.seq, record))
         self.seq += 1
-        if end > self.pushed_end:
-            self.pushed_end = end
+        self.pushed_end = max(self.pushed_end, end)
         if len(self.buffer) >= SETTLE_EVERY:
             self.settle(final=False)
 
