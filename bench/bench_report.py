@@ -1,183 +1,153 @@
-"""How long ``otel-training report`` takes per million spans.
+"""How fast, and in how much memory, ``otel-training report`` reads a job: this code against the code before it.
 
-Generates a synthetic job (ranks x restarts, steps with substeps, data waits,
-evaluation, checkpoints, a straggler rank and a stuck step) as OTLP JSON Lines
-files, exactly as the file exporter writes them, then times each phase of the
-report side by side in one run: reading, analysis (goodput, deviation,
-stragglers), the terminal summary, the HTML page, the Chrome trace.
+Generates jobs of 1M, 10M and 50M spans (``bench/report_job.py``: the file
+exporter's format, one file per rank, restarts, checkpoints, stuck and
+recovered alerts, a straggler), runs ``otel-training report`` on each in a
+subprocess under ``/usr/bin/time -v`` (the terminal summary alone, then with
+the HTML page), and prints side by side: seconds, seconds per million spans,
+the peak RSS ``time -v`` reports (its largest process), and the peak of the
+whole process tree (parent and workers, sampled every 0.1 s). The code before
+the streaming report (the merge base with main, or ``--old-ref``) runs on the
+smallest size only: it holds every span, and 10M would need over 10 GB.
 
 Usage:
-    .venv/bin/python bench/bench_report.py [--spans 200000] [--ranks 8] [--restarts 1] [--keep DIR]
+    .venv/bin/python bench/bench_report.py [--sizes 1M,10M,50M] [--ranks 8,100,1000] [--restarts 1]
+        [--html-up-to 10M] [--before-up-to 1M] [--old-ref REF] [--dir /tmp/bench-report] [--keep]
 
-The default size keeps the run within a couple of minutes on 2 cores; the
-per-million figure is extrapolated linearly from it (reading and analysis are
-linear in spans; sorting is n log n, so the extrapolation is slightly
-optimistic at 10x the size), and the output says so.
+Inputs go under ``--dir`` (about 300 bytes a span: 15 GB at 50M) and are
+deleted after each size unless ``--keep``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
+import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from otel_training import semconv as sc
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_job import generate
 
-BATCH = 512  # spans per OTLP line, the batch span processor's export batch size
-SPANS_PER_STEP = 4  # step, two substeps, a data wait
-
-
-def _attrs(values: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            out.append({"key": key, "value": {"boolValue": value}})
-        elif isinstance(value, int):
-            out.append({"key": key, "value": {"intValue": str(value)}})
-        elif isinstance(value, float):
-            out.append({"key": key, "value": {"doubleValue": value}})
-        else:
-            out.append({"key": key, "value": {"stringValue": str(value)}})
-    return out
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def generate(directory: Path, spans: int, ranks: int, restarts: int, seed: int = 0) -> int:
-    """Write the synthetic job; returns the number of spans written."""
-    rng = random.Random(seed)
-    runs = restarts + 1
-    steps_per_run = max(20, spans // (ranks * runs * SPANS_PER_STEP))
-    straggler = ranks - 1 if ranks > 1 else None
-    t0 = 1_700_000_000 * 10**9
-    written = 0
-    directory.mkdir(parents=True, exist_ok=True)
-    ids = iter(range(1, 1 << 62))
-    for rank in range(ranks):
-        with open(directory / f"traces-r{rank}.jsonl", "w", encoding="utf-8") as handle:
-            clock = t0
-            step_number = 0
-            for restart in range(runs):
-                resource = {"attributes": _attrs({
-                    sc.SERVICE_NAME: "bench", sc.TRAINING_JOB_ID: "bench-job", sc.TRAINING_RUN_ID: f"run-{restart}",
-                    sc.TRAINING_RANK: rank, sc.TRAINING_RESTART_COUNT: restart, sc.TRAINING_ROLE: sc.ROLE_TRAINER})}
-                trace_id = format(rng.getrandbits(128), "032x")
-                batch: list[dict[str, Any]] = []
-
-                def span(name: str, start: int, end: int, attrs: dict[str, Any] | None = None,
-                         error: bool = False) -> str:
-                    span_id = format(next(ids), "016x")
-                    batch.append({"traceId": trace_id, "spanId": span_id, "name": name, "kind": 1,
-                                  "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-                                  "attributes": _attrs(attrs or {}), "status": {"code": 2} if error else {}})
-                    if len(batch) >= BATCH:
-                        flush()
-                    return span_id
-
-                def flush() -> None:
-                    nonlocal written
-                    if batch:
-                        handle.write(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [
-                            {"scope": {"name": sc.INSTRUMENTATION_SCOPE}, "spans": batch}]}]}) + "\n")
-                        written += len(batch)
-                        batch.clear()
-
-                run_start = clock
-                span(sc.SPAN_INIT, clock, clock + 2 * 10**9)
-                clock += 2 * 10**9
-                if restart:
-                    span(sc.SPAN_LOAD_CHECKPOINT, clock, clock + 10**9)
-                    clock += 10**9
-                base = 0.1 * (1.5 if rank == straggler else 1.0)
-                for index in range(steps_per_run):
-                    wait = int(rng.uniform(0.002, 0.006) * 1e9)
-                    span(sc.SPAN_DATA_WAIT, clock, clock + wait)
-                    clock += wait
-                    duration = int(base * rng.uniform(0.95, 1.1) * 1e9)
-                    if rank == 0 and restart == 0 and index == steps_per_run // 3:
-                        duration = 10 * 10**9  # a stuck step, alerted at 5 s
-                    step_id = span(sc.SPAN_STEP, clock, clock + duration,
-                                   {sc.STEP: step_number, sc.SAMPLES: 32, sc.TOKENS: 32 * 2048})
-                    if duration == 10 * 10**9:
-                        span(sc.SPAN_ALERT, clock + 5 * 10**9, clock + 5 * 10**9, {
-                            sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ELAPSED_S: 5.0, sc.ALERT_THRESHOLD_S: 2.0,
-                            sc.ALERT_SPAN_NAME: sc.SPAN_STEP, sc.ALERT_SPAN_ID: step_id,
-                            sc.ALERT_STACKS: "Thread MainThread, most recent call last:\n"
-                                             "  File \"train.py\", line 88, in train_step\n    loss.backward()"})
-                    for substep in range(2):
-                        span(sc.SPAN_SUBSTEP, clock + substep * duration // 2, clock + (substep + 1) * duration // 2,
-                             {sc.SUBSTEP: substep})
-                    clock += duration
-                    step_number += 1
-                    if (index + 1) % max(1, steps_per_run // 4) == 0:
-                        span(sc.SPAN_EVALUATE, clock, clock + 10**9)
-                        span(sc.SPAN_SAVE_CHECKPOINT, clock + 10**9, clock + 15 * 10**8)
-                        clock += 15 * 10**8
-                last = restart == runs - 1
-                span(sc.SPAN_PROCESS, run_start, clock + 10**8, error=not last)
-                flush()
-                clock += 10 * 10**9  # downtime before the restart
-                step_number -= steps_per_run // 8  # progress lost since the last checkpoint
-    return written
+def _count(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 10**3, "M": 10**6, "G": 10**9}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
 
 
-def measure(spans_wanted: int, args: argparse.Namespace, keep: bool) -> tuple[int, dict[str, float]]:
-    """Generate a trace set of about ``spans_wanted`` spans and time each phase of the report on it."""
-    from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
+def _tree_rss_kb(pid: int) -> int:
+    """RSS of a process and all its descendants, from /proc (0 once gone)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/status") as handle:
+                total += next((int(line.split()[1]) for line in handle if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
 
-    with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
-        directory = args.keep if keep and args.keep else Path(scratch)
-        started = time.perf_counter()
-        spans = generate(directory / "traces", spans_wanted, args.ranks, args.restarts)
-        size = sum(path.stat().st_size for path in (directory / "traces").iterdir())
-        print(f"generated {spans:,} spans ({size / 1e6:.0f} MB OTLP JSON, {args.ranks} ranks, "
-              f"{args.restarts} restart(s)) in {time.perf_counter() - started:.1f} s")
-        phases: dict[str, float] = {}
 
-        def timed(name: str, function: Any) -> Any:
-            start = time.perf_counter()
-            value = function()
-            phases[name] = time.perf_counter() - start
-            return value
+def run_report(code: Path, traces: Path, html: Path | None, cwd: Path) -> dict[str, object]:
+    """One ``otel-training report`` run of the package under ``code``: seconds, RSS, its summary."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "otel_training.cli.main", "report", str(traces)]
+    command += ["--html", str(html)] if html else ["--no-html"]
+    env = dict(os.environ, PYTHONPATH=str(code))
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0]
 
-        result = timed("read", lambda: read_paths([directory / "traces"], progress=False))
-        assert not result.problems, result.problems
-        report = timed("analyse", lambda: build_report(result.records))
-        summary = timed("summary", lambda: render_summary(report))
-        page = timed("html", lambda: render_html(report, result.records))
-        (directory / "report.html").write_text(page, encoding="utf-8")
-        timed("chrome", lambda: write_chrome_trace(result.records, directory / "chrome.json"))
-        print(f"  {spans / phases['read']:,.0f} spans/s read; html page {len(page) / 1e6:.2f} MB; "
-              + summary.splitlines()[1])
-    return spans, phases
+    def sample() -> None:
+        while process.poll() is None:
+            peak[0] = max(peak[0], _tree_rss_kb(process.pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = process.communicate()
+    seconds = time.perf_counter() - started
+    sampler.join()
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}):\n{err[-3000:]}")
+    largest = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", err).group(1))  # type: ignore[union-attr]
+    summary = "\n".join(line for line in out.splitlines() if not line.startswith("html report:"))
+    return {"seconds": seconds, "rss_mb": largest / 1024, "tree_mb": peak[0] / 1024, "summary": summary}
+
+
+def old_code(ref: str, into: Path) -> Path:
+    """The package as it was at ``ref`` (git archive), importable from ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "otel_training"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spans", type=int, default=200_000)
-    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--sizes", default="1M,10M", help="spans per job, comma-separated (default: %(default)s)")
+    parser.add_argument("--ranks", default="8,100,1000", help="ranks of each size, in order (the last repeats)")
     parser.add_argument("--restarts", type=int, default=1)
-    parser.add_argument("--keep", type=Path, default=None, help="write the trace set (and reports) here and keep it")
+    parser.add_argument("--html-up-to", default="10M", help="also time the HTML page up to this size")
+    parser.add_argument("--before-up-to", default="1M",
+                        help="run the code before up to this size (it holds every span: ~0.9 GB a million)")
+    parser.add_argument("--old-ref", default=None, help="git ref of the code to compare (default: merge base with main)")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench-report")
+    parser.add_argument("--keep", action="store_true", help="keep the generated traces")
     args = parser.parse_args()
-    # Warm imports (matplotlib, tqdm) so the first size does not pay them alone.
-    import matplotlib.pyplot  # noqa: F401
-
-    sizes = (args.spans // 4, args.spans)
-    measured = [measure(size, args, index == len(sizes) - 1) for index, size in enumerate(sizes)]
-    (small_spans, small), (spans, large) = measured
-    print(f"\n{'phase':<10} {'s @' + format(small_spans, ','):>14} {'s @' + format(spans, ','):>14} "
-          f"{'s per 1M @small':>16} {'s per 1M @large':>16}")
-    for name in large:
-        print(f"{name:<10} {small[name]:>14.2f} {large[name]:>14.2f} "
-              f"{small[name] / small_spans * 1e6:>16.1f} {large[name] / spans * 1e6:>16.1f}")
-    report_phases = ("read", "analyse", "summary", "html")
-    total = sum(large[name] for name in report_phases)
-    print(f"\nreport (read + analyse + summary + html): {total:.1f} s for {spans:,} spans "
-          f"= {total / spans * 1e6:.1f} s per million spans, extrapolated linearly (not measured at 1M; "
-          f"the html part is mostly a fixed cost, so this overstates it)")
+    sizes = [_count(size) for size in args.sizes.split(",")]
+    ranks = [int(rank) for rank in args.ranks.split(",")]
+    ref = args.old_ref or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
+                                         capture_output=True, text=True).stdout.strip()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[int, int, str, str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-report-code-") as scratch:
+        old = old_code(ref, Path(scratch))
+        for index, size in enumerate(sizes):
+            size_ranks = ranks[min(index, len(ranks) - 1)]
+            traces = args.dir / f"traces-{size}"
+            shutil.rmtree(traces, ignore_errors=True)
+            started = time.perf_counter()
+            spans = generate(traces, size, size_ranks, args.restarts, workers=2)
+            megabytes = sum(path.stat().st_size for path in traces.iterdir()) / 1e6
+            print(f"generated {spans:,} spans, {size_ranks} ranks, {args.restarts} restart(s): {megabytes:,.0f} MB "
+                  f"in {time.perf_counter() - started:.0f} s", flush=True)
+            versions = [("this", ROOT)] + ([("before", old)] if size <= _count(args.before_up_to) else [])
+            for mode in ("summary", "summary+html"):
+                if mode == "summary+html" and size > _count(args.html_up_to):
+                    continue
+                results = {}
+                for name, code in versions:
+                    html = args.dir / f"report-{name}.html" if mode == "summary+html" else None
+                    results[name] = run_report(code, traces, html, cwd=args.dir)
+                    result = results[name]
+                    rows.append((spans, size_ranks, mode, name, result))
+                    print(f"  {mode:<13} {name:<7} {result['seconds']:7.1f} s  "
+                          f"{result['seconds'] / spans * 1e6:5.2f} s/M spans  rss {result['rss_mb']:7.0f} MB  "
+                          f"tree {result['tree_mb']:7.0f} MB", flush=True)
+                if "before" in results:
+                    same = results["this"]["summary"] == results["before"]["summary"]
+                    print(f"  {mode}: the two summaries are {'identical' if same else 'DIFFERENT'}; "
+                          f"this is {results['before']['seconds'] / results['this']['seconds']:.1f}x faster, "
+                          f"{results['before']['tree_mb'] / results['this']['tree_mb']:.1f}x less memory", flush=True)
+            if not args.keep:
+                shutil.rmtree(traces)
+    print(f"\n{'spans':>6} {'ranks':>5} {'mode':<13} {'code':<7} {'s':>7} {'s/M':>6} {'rss MB':>7} {'tree MB':>8}")
+    for spans, size_ranks, mode, name, result in rows:
+        print(f"{spans / 1e6:>5.1f}M {size_ranks:>5} {mode:<13} {name:<7} {result['seconds']:7.1f} "
+              f"{result['seconds'] / spans * 1e6:6.2f} {result['rss_mb']:7.0f} {result['tree_mb']:8.0f}")
+    print(f"\n'before' is {ref[:12]} (the report that held every span); rss: the largest process, as "
+          "/usr/bin/time -v reports it; tree: the parent and its workers together, sampled.")
     return 0
 
 

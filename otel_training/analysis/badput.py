@@ -16,6 +16,7 @@ code and the same result.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from otel_training import semconv as sc
 
@@ -132,10 +133,15 @@ class Timeline:
         if end_ns > start_ns:
             self._pending.append((start_ns, end_ns, _PRIORITY[label]))
 
-    def fold(self, until_ns: int) -> None:
-        """Settle the time up to ``until_ns``: intervals ending later keep their remainder."""
+    def fold(self, until_ns: int, marks: Sequence[int] = ()) -> list[int]:
+        """Settle the time up to ``until_ns``: intervals ending later keep their remainder.
+
+        ``marks``: ascending times in (folded_until, until_ns]; returns the productive ns counted
+        up to each, so that a reader folding as it streams can still answer "how much progress
+        had this run made when step N ended" after that time is settled.
+        """
         if until_ns <= self.folded_until:
-            return
+            return []
         boundaries: list[tuple[int, int, int]] = []
         keep: list[tuple[int, int, int]] = []
         for start, end, priority in self._pending:
@@ -155,18 +161,36 @@ class Timeline:
         totals = self.totals
         cursor = self.folded_until
         top = 0
+        found: list[int] = []
+        next_mark = marks[0] if marks else until_ns + 1
+        labels = _BY_PRIORITY
         for time_ns, delta, priority in boundaries:
+            while next_mark <= time_ns:
+                found.append(self._productive_at(next_mark, cursor, top))
+                next_mark = marks[len(found)] if len(found) < len(marks) else until_ns + 1
             if time_ns > cursor:
-                totals[self._label(top, cursor)] += time_ns - cursor
+                totals[labels[top] if top else self._label(0, cursor)] += time_ns - cursor
                 cursor = time_ns
-            counts[priority] += delta
             if delta > 0:
+                counts[priority] += 1
                 top = max(top, priority)
-            elif priority == top and counts[priority] == 0:
-                top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
+            elif delta:
+                counts[priority] -= 1
+                if priority == top and not counts[priority]:
+                    top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
+        while len(found) < len(marks):  # after the last boundary nothing covers time: none is productive
+            found.append(self._productive_at(marks[len(found)], cursor, 0))
         if until_ns > cursor:
             totals[self._label(0, cursor)] += until_ns - cursor
         self.folded_until = until_ns
+        return found
+
+    def _productive_at(self, at_ns: int, cursor: int, top: int) -> int:
+        """Productive ns up to ``at_ns``, inside the stretch from ``cursor`` labelled by ``top``."""
+        productive = self.totals.get(PRODUCTIVE, 0)
+        if top and _BY_PRIORITY[top] == PRODUCTIVE:
+            productive += at_ns - cursor
+        return productive
 
     def _label(self, top: int, at_ns: int) -> str:
         if top:

@@ -21,12 +21,19 @@ report share it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from otel_training import semconv as sc
-from otel_training.analysis.badput import BUCKETS, PRODUCTIVE, STEP_SPAN_NAMES, Timeline, timeline_label
+from otel_training.analysis.badput import (
+    BUCKETS,
+    PRODUCTIVE,
+    STEP_SPAN_NAMES,
+    Timeline,
+    timeline_label,
+)
 from otel_training.analysis.records import RunKey, SpanRecord
 from otel_training.analysis.steps import ideal_step_time, times_step
 
@@ -50,6 +57,7 @@ class RunAccountant:
         # Completed saves not yet folded: (end, checkpoint step); then the productive time at each.
         self._checkpoints: list[tuple[int, int | None]] = []
         self._snapshots: list[tuple[int | None, int]] = []
+        self._snapshot_times: list[int] = []
         self.checkpointed = False
         #: (start, duration) in ns of the run's first step, on the timeline steps are timed on.
         self.first_step: tuple[int, int] | None = None
@@ -78,6 +86,11 @@ class RunAccountant:
             if since is not None:
                 self.timeline.add(sc.BADPUT_STUCK, since, record.end_ns)
 
+    @property
+    def stuck_since_ns(self) -> int | None:
+        """The earliest start of a stuck stretch not yet ended: time from there on is not settled."""
+        return min(self._stuck_since.values(), default=None)
+
     def _alert(self, record: SpanRecord) -> None:
         attributes = record.attributes
         kind = attributes.get(sc.ALERT_KIND)
@@ -96,19 +109,26 @@ class RunAccountant:
             if since is not None:
                 self.timeline.add(sc.BADPUT_STUCK, since, record.start_ns)
 
-    def fold(self, until_ns: int) -> None:
-        """Settle time up to ``until_ns``, remembering the productive time at each checkpoint."""
+    def fold(self, until_ns: int, marks: Sequence[int] = ()) -> list[int]:
+        """Settle time up to ``until_ns``, remembering the productive time at each checkpoint.
+
+        ``marks`` (ascending, after the time already settled): returns the productive ns at each.
+        """
+        found: list[int] = []
         for checkpoint, step in sorted(self._checkpoints, key=lambda item: item[0]):
             if self.timeline.folded_until < checkpoint <= until_ns:
-                self.timeline.fold(checkpoint)
+                upto = bisect.bisect_right(marks, checkpoint, len(found))
+                found += self.timeline.fold(checkpoint, marks[len(found):upto])
             if checkpoint <= until_ns:
                 self._snapshots.append((step, self.timeline.totals[PRODUCTIVE]))
+                self._snapshot_times.append(checkpoint)
                 self.checkpointed = True
         self._checkpoints = [item for item in self._checkpoints if item[0] > until_ns]
-        self.timeline.fold(until_ns)
+        found += self.timeline.fold(until_ns, marks[len(found):])
+        return found
 
     def finish(self, end_ns: int, *, failed: bool, restored_step: int | None = None,
-               restored_step_end_ns: int | None = None) -> dict[str, int]:
+               restored_step_end_ns: int | None = None, restored_productive_ns: int | None = None) -> dict[str, int]:
         """Close the run at ``end_ns``; a failed run loses the progress the next run did not restore.
 
         ``restored_step``: the checkpoint step the next run restored. The progress kept is that up
@@ -116,13 +136,22 @@ class RunAccountant:
         else that of the last save of this run at or before that step (a later save whose persist
         never finished was not restored, so what followed it was lost too); without a restore,
         that of the last completed save.
+
+        ``restored_productive_ns``: the productive ns at ``restored_step_end_ns`` where this run was
+        already folded past it (a reader that folds as it streams marks every step's end).
         """
         for since in self._stuck_since.values():
             self.timeline.add(sc.BADPUT_STUCK, since, end_ns)  # stuck until the run ended
         self._stuck_since.clear()
         if failed and restored_step_end_ns is not None and restored_step_end_ns <= end_ns:
-            self.fold(restored_step_end_ns)
-            self._snapshots.append((restored_step, self.timeline.totals[PRODUCTIVE]))
+            if restored_productive_ns is not None and restored_step_end_ns < self.timeline.folded_until:
+                at = bisect.bisect_right(self._snapshot_times, restored_step_end_ns)
+                self._snapshots.insert(at, (restored_step, restored_productive_ns))
+                self._snapshot_times.insert(at, restored_step_end_ns)
+            else:
+                self.fold(restored_step_end_ns)
+                self._snapshots.append((restored_step, self.timeline.totals[PRODUCTIVE]))
+                self._snapshot_times.append(restored_step_end_ns)
         self.fold(end_ns)
         totals = dict(self.timeline.totals)
         if failed:
@@ -219,14 +248,99 @@ def with_compilation(totals: dict[str, int], first_step: tuple[int, int] | None,
     return moved
 
 
-def _failed(records: list[SpanRecord], followed: bool) -> bool:
-    """A run failed when it says so (error status, died alert), or was restarted before it finished training."""
-    finished = False
-    for record in records:
-        if record.error or (record.name == sc.SPAN_ALERT and record.attributes.get(sc.ALERT_KIND) == sc.ALERT_KIND_DIED):
-            return True
-        finished = finished or record.name == sc.SPAN_TRAIN
-    return followed and not finished
+class Life:
+    """One life of a rank as finishing it needs it, however its spans were read.
+
+    Whether a life failed, which checkpoint the next one restored and how much of its
+    progress that kept are only known once all lives of the rank are: ``rank_runs`` settles
+    them, for the in-memory ``account`` and for a reader that streams alike.
+    """
+
+    def __init__(self, key: RunKey, start_ns: int, end_ns: int, accountant: RunAccountant, *,
+                 failed_itself: bool, trained: bool, step_durations: Sequence[float]) -> None:
+        self.key = key
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.accountant = accountant
+        #: An error status or a died alert.
+        self.failed_itself = failed_itself
+        #: Its training loop ended (a ``training.train`` span).
+        self.trained = trained
+        self.step_durations = step_durations
+
+    def end_of_step(self, step: int) -> tuple[int | None, int | None]:
+        """When step ``step`` ended in this life (its timed span), and the productive ns then if already folded."""
+        return None, None
+
+    def finish(self, *, after_restart: bool, failed: bool, restored_step: int | None) -> dict[str, int]:
+        """Ns by label of this life (``restored_step``: the checkpoint step the next life restored)."""
+        restored_end, productive = (None, None) if not failed or restored_step is None \
+            else self.end_of_step(restored_step)
+        totals = self.accountant.finish(self.end_ns, failed=failed, restored_step=restored_step,
+                                        restored_step_end_ns=restored_end, restored_productive_ns=productive)
+        if after_restart:  # time before its first step is recovery, not start-up (same place in the dict)
+            totals = {sc.BADPUT_RECOVERY if label == sc.BADPUT_PROGRAM_STARTUP else label: ns
+                      for label, ns in totals.items()}
+        return totals
+
+
+class _RecordsLife(Life):
+    def __init__(self, key: RunKey, records: list[SpanRecord], evaluation_is_productive: bool) -> None:
+        start = min(record.start_ns for record in records)
+        if 0 < key.created_ns < start:
+            start = key.created_ns  # the process's creation: start-up nobody ended a span for
+        accountant = RunAccountant(start, evaluation_is_productive=evaluation_is_productive)
+        failed_itself = trained = False
+        for record in sorted(records, key=lambda record: record.end_ns):
+            accountant.add(record)
+            failed_itself = failed_itself or record.error or (
+                record.name == sc.SPAN_ALERT and record.attributes.get(sc.ALERT_KIND) == sc.ALERT_KIND_DIED)
+            trained = trained or record.name == sc.SPAN_TRAIN
+        super().__init__(key, start, max(record.end_ns for record in records), accountant,
+                         failed_itself=failed_itself, trained=trained,
+                         step_durations=[record.duration_s for record in records
+                                         if times_step(record.name, record.attributes)])
+        self._records = records
+
+    def end_of_step(self, step: int) -> tuple[int | None, int | None]:
+        return _end_of_step(self._records, step), None
+
+
+def rank_runs(lives: Iterable[Life], ideal_step_time_s: float | None = None) -> list[RunSummary]:
+    """The runs of one rank, its lives in the order they ran, each finished knowing the next.
+
+    Compilation is each life's first step's excess over that life's own ideal step time
+    (``ideal_step_time_s`` when given).
+    """
+    ordered = sorted(lives, key=lambda life: (life.start_ns, life.key.restart))
+    runs: list[RunSummary] = []
+    previous_end: int | None = None
+    for index, life in enumerate(ordered):
+        following = ordered[index + 1] if index + 1 < len(ordered) else None
+        # A run failed when it says so, or was restarted before it finished training.
+        failed = life.failed_itself or (following is not None and not life.trained)
+        restored = following.accountant.restored_step if following is not None else None
+        ideal = ideal_step_time(life.step_durations, ideal_step_time_s)
+        totals_ns = with_compilation(life.finish(after_restart=index > 0, failed=failed, restored_step=restored),
+                                     life.accountant.first_step, ideal)
+        totals = {label: ns / 1e9 for label, ns in totals_ns.items()}
+        if previous_end is not None and life.start_ns > previous_end:
+            totals[sc.BADPUT_DOWNTIME] = totals.get(sc.BADPUT_DOWNTIME, 0.0) + (life.start_ns - previous_end) / 1e9
+        runs.append(RunSummary(life.key, life.start_ns, life.end_ns, failed, totals))
+        previous_end = max(life.end_ns, previous_end or life.end_ns)
+    return runs
+
+
+def job_account(runs_by_rank: Iterable[Sequence[RunSummary]]) -> GoodputAccount:
+    """The job's account from each rank's runs, summed rank by rank in the order given."""
+    seconds: defaultdict[str, float] = defaultdict(float)
+    runs: list[RunSummary] = []
+    for rank_runs_ in runs_by_rank:
+        for run in rank_runs_:
+            for label, value in run.seconds.items():
+                seconds[label] += value
+            runs.append(run)
+    return GoodputAccount(dict(seconds), runs)
 
 
 def account(records: Iterable[SpanRecord], *, evaluation_is_productive: bool = False,
@@ -241,41 +355,7 @@ def account(records: Iterable[SpanRecord], *, evaluation_is_productive: bool = F
     for record in records:
         if record.is_trainer:
             by_run[record.run].append(record)
-    by_rank: defaultdict[int, list[tuple[int, int, RunKey]]] = defaultdict(list)
+    by_rank: defaultdict[int, list[Life]] = defaultdict(list)
     for key, run_records in by_run.items():
-        start = min(record.start_ns for record in run_records)
-        if 0 < key.created_ns < start:
-            start = key.created_ns  # the process's creation: start-up nobody ended a span for
-        end = max(record.end_ns for record in run_records)
-        by_rank[key.rank].append((start, end, key))
-
-    seconds: defaultdict[str, float] = defaultdict(float)
-    runs: list[RunSummary] = []
-    for rank in sorted(by_rank):
-        lives = sorted(by_rank[rank], key=lambda life: (life[0], life[2].restart))
-        accountants = []
-        for index, (start, _end, key) in enumerate(lives):
-            accountant = RunAccountant(start, evaluation_is_productive=evaluation_is_productive,
-                                       after_restart=index > 0)
-            for record in sorted(by_run[key], key=lambda record: record.end_ns):
-                accountant.add(record)
-            accountants.append(accountant)
-        previous_end: int | None = None
-        for index, (start, end, key) in enumerate(lives):
-            failed = _failed(by_run[key], followed=index + 1 < len(lives))
-            accountant = accountants[index]
-            restored = accountants[index + 1].restored_step if index + 1 < len(lives) else None
-            restored_end = _end_of_step(by_run[key], restored) if failed and restored is not None else None
-            ideal = ideal_step_time([record.duration_s for record in by_run[key]
-                                     if times_step(record.name, record.attributes)], ideal_step_time_s)
-            totals_ns = with_compilation(
-                accountant.finish(end, failed=failed, restored_step=restored, restored_step_end_ns=restored_end),
-                accountant.first_step, ideal)
-            totals = {label: ns / 1e9 for label, ns in totals_ns.items()}
-            if previous_end is not None and start > previous_end:
-                totals[sc.BADPUT_DOWNTIME] = totals.get(sc.BADPUT_DOWNTIME, 0.0) + (start - previous_end) / 1e9
-            for label, value in totals.items():
-                seconds[label] += value
-            runs.append(RunSummary(key, start, end, failed, totals))
-            previous_end = max(end, previous_end or end)
-    return GoodputAccount(dict(seconds), runs)
+        by_rank[key.rank].append(_RecordsLife(key, run_records, evaluation_is_productive))
+    return job_account(rank_runs(by_rank[rank], ideal_step_time_s) for rank in sorted(by_rank))

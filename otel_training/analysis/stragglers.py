@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from array import array
 from collections.abc import Mapping, Sequence
+from typing import overload
 
 #: Score below which a rank is named a straggler (NVIDIA's default is 0.75 too).
 DEFAULT_THRESHOLD = 0.75
@@ -47,7 +49,7 @@ DEFAULT_THRESHOLD = 0.75
 WINDOW = 10
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WindowScore:
     """One report window of a rank: its steps ``first`` to ``last`` (0-based, inclusive) in the order they ran."""
 
@@ -68,7 +70,7 @@ class WindowScore:
         return "relative" if self.relative <= self.individual else "individual"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StragglerScore:
     """A rank's scores: ``relative`` and ``individual`` are its worst window's on each view."""
 
@@ -77,7 +79,8 @@ class StragglerScore:
     relative: float
     individual: float
     straggler: bool
-    windows: tuple[WindowScore, ...] = ()
+    #: Every window in order (a tuple, or ``WindowScores`` where the report keeps them compact).
+    windows: Sequence[WindowScore] = ()
     #: The windows scoring below the threshold on either view, in order.
     slow_windows: tuple[WindowScore, ...] = ()
 
@@ -94,6 +97,12 @@ def _windows(count: int, window: int) -> list[tuple[int, int]]:
     if rest and (not bounds or 2 * rest >= window):
         bounds.append((count - rest, count))
     return bounds
+
+
+def window_bounds(count: int, window: int = WINDOW) -> list[tuple[int, int]]:
+    """(first, end) step indices of each report window of a rank with ``count`` steps."""
+    _check_window(window)
+    return _windows(count, window)
 
 
 def _ratio(reference: float, median: float) -> float:
@@ -143,6 +152,12 @@ class LiveIndividual:
         return self._score
 
 
+def window_medians(durations: Sequence[float], window: int = WINDOW) -> list[float]:
+    """The median step time of each report window of one rank's steps, in the order they ran."""
+    _check_window(window)
+    return [statistics.median(durations[first:end]) for first, end in _windows(len(durations), window)]
+
+
 def straggler_scores(
     step_durations: Mapping[int, Sequence[float]],
     threshold: float = DEFAULT_THRESHOLD,
@@ -151,25 +166,82 @@ def straggler_scores(
 ) -> list[StragglerScore]:
     """Scores of every rank with steps, given each rank's step durations in the order they ran."""
     _check_window(window)
-    bounds = {rank: _windows(len(durations), window) for rank, durations in step_durations.items() if durations}
-    medians = {rank: [statistics.median(step_durations[rank][first:end]) for first, end in spans]
-               for rank, spans in bounds.items()}
+    ranks = [rank for rank, durations in step_durations.items() if durations]
+    return scores_from_medians(
+        {rank: window_medians(step_durations[rank], window) for rank in ranks},
+        {rank: len(step_durations[rank]) for rank in ranks},
+        {rank: statistics.median(step_durations[rank]) for rank in ranks},
+        threshold, window=window)
+
+
+def scores_from_medians(
+    medians: Mapping[int, Sequence[float]],
+    counts: Mapping[int, int],
+    rank_medians: Mapping[int, float],
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    window: int = WINDOW,
+    compact: bool = False,
+) -> list[StragglerScore]:
+    """``straggler_scores`` from each rank's window medians, step count and median step time.
+
+    What a reader that streams keeps of a rank instead of holding every step twice. ``compact``:
+    each score's ``windows`` is a ``WindowScores`` (the same windows, made when read) rather
+    than a tuple of objects.
+    """
+    _check_window(window)
     fastest: dict[int, float] = {}
-    for rank_medians in medians.values():
-        for index, median in enumerate(rank_medians):
+    for each_rank in medians.values():
+        for index, median in enumerate(each_rank):
             fastest[index] = min(fastest.get(index, median), median)
     scores = []
     for rank in sorted(medians):
-        windows = []
+        relative, individual = array("d"), array("d")
         best = float("inf")
-        for index, ((first, end), median) in enumerate(zip(bounds[rank], medians[rank])):
+        for index, median in enumerate(medians[rank]):
             best = min(best, median)
-            windows.append(WindowScore(index, first, end - 1, median,
-                                       _ratio(fastest[index], median), _ratio(best, median)))
+            relative.append(_ratio(fastest[index], median))
+            individual.append(_ratio(best, median))
+        windows = WindowScores(counts[rank], window, medians[rank], relative, individual)
         slow = tuple(w for w in windows if w.relative < threshold or w.individual < threshold)
         scores.append(StragglerScore(
-            rank, statistics.median(step_durations[rank]),
-            min(w.relative for w in windows), min(w.individual for w in windows),
-            bool(slow), tuple(windows), slow,
+            rank, rank_medians[rank], min(relative), min(individual), bool(slow),
+            windows if compact else tuple(windows), slow,
         ))
     return scores
+
+
+class WindowScores(Sequence[WindowScore]):
+    """A rank's window scores as three arrays, each ``WindowScore`` made when asked for.
+
+    A job of ten million steps has a million windows: as objects, a few hundred MB.
+    """
+
+    def __init__(self, count: int, window: int, medians: Sequence[float], relative: Sequence[float],
+                 individual: Sequence[float]) -> None:
+        self._count, self._window = count, window
+        self._whole = count // window
+        self._medians, self._relative, self._individual = medians, relative, individual
+
+    def __len__(self) -> int:
+        return len(self._medians)
+
+    @overload
+    def __getitem__(self, index: int) -> WindowScore: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[WindowScore]: ...
+
+    def __getitem__(self, index: int | slice) -> WindowScore | Sequence[WindowScore]:
+        if isinstance(index, slice):
+            return tuple(self[position] for position in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if index < self._whole:
+            first, end = index * self._window, (index + 1) * self._window
+        else:  # the last, part of a window
+            first, end = self._whole * self._window, self._count
+        return WindowScore(index, first, end - 1, self._medians[index], self._relative[index],
+                           self._individual[index])

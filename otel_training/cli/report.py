@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--straggler-window", type=_window, default=None, metavar="STEPS",
                         help="steps per straggler report window: each window of each rank is scored "
                              "(default: 10)")
+    parser.add_argument("--workers", type=_workers, default=None, metavar="N",
+                        help="processes reading trace files, one file each at a time (default: one per core)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="always show a progress bar while reading")
@@ -40,14 +42,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _window(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of steps >= 1, not {text!r}")
-    return value
+def _whole(what: str) -> Any:
+    """An argparse type: a whole number of ``what`` >= 1."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what} >= 1, not {text!r}")
+        return value
+
+    return parse
+
+
+_window = _whole("steps")
+_workers = _whole("processes")
 
 
 def default_html_path(paths: list[str]) -> Path:
@@ -66,22 +76,35 @@ def html_available() -> bool:
 
 def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None) -> tuple[str, Path | None]:
     """Summary of the traces under ``paths`` (of one job, if given), and the HTML report's path if written."""
-    from otel_training.report import build_report, read_paths, render_html, render_summary
+    from otel_training.report import render_html, render_summary
+    from otel_training.report.files import report_files
 
-    result = read_paths(paths, progress=False)
-    records = [record for record in result.records if job_id is None or record.run.job_id == job_id]
-    report = build_report(records, result.problems)
+    report = report_files(paths, job_id=job_id, progress=False)
     if not html_available():
         return render_summary(report), None
     html_path.parent.mkdir(parents=True, exist_ok=True)
-    html_path.write_text(render_html(report, records), encoding="utf-8")
+    html_path.write_text(render_html(report), encoding="utf-8")
     return render_summary(report), html_path
 
 
 def run(args: argparse.Namespace) -> int:
     from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
-    from otel_training.report import build_report, read_paths, render_html, render_summary, write_chrome_trace
+    from otel_training.report import (
+        build_report,
+        render_html,
+        render_summary,
+        write_chrome_trace,
+    )
+    from otel_training.report.files import report_files
+    from otel_training.report.reader import stream_records
 
+    options: dict[str, Any] = {
+        "evaluation_is_productive": args.evaluation_is_productive,
+        "ideal_step_time_s": args.ideal_step_time,
+        "straggler_threshold": DEFAULT_THRESHOLD if args.straggler_threshold is None else args.straggler_threshold,
+        "straggler_window": WINDOW if args.straggler_window is None else args.straggler_window,
+    }
+    records = None
     if args.jaeger:
         if not args.service:
             print("otel-training report: --jaeger needs --service NAME", file=sys.stderr)
@@ -90,21 +113,15 @@ def run(args: argparse.Namespace) -> int:
 
         records, problems = fetch(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback)
         paths: list[str] = []
+        if args.job:
+            records = [record for record in records if record.run.job_id == args.job]
+        report = build_report(records, problems, **options)
     else:
+        # Files are streamed: per-rank aggregates in memory, not the spans (docs/report.md).
         paths = args.paths or ["./otel-traces"]
-        result = read_paths(paths, progress=args.progress)
-        records, problems = result.records, result.problems
-    if args.job:
-        records = [record for record in records if record.run.job_id == args.job]
-    report = build_report(
-        records, problems,
-        evaluation_is_productive=args.evaluation_is_productive,
-        ideal_step_time_s=args.ideal_step_time,
-        straggler_threshold=DEFAULT_THRESHOLD if args.straggler_threshold is None else args.straggler_threshold,
-        straggler_window=WINDOW if args.straggler_window is None else args.straggler_window,
-    )
+        report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers, **options)
     print(render_summary(report))
-    if not records:
+    if not report.span_count:
         print("otel-training report: no spans to report on", file=sys.stderr)
         return 1
     if not args.no_html and not html_available():
@@ -112,10 +129,11 @@ def run(args: argparse.Namespace) -> int:
     elif not args.no_html:
         html_path = Path(args.html) if args.html else default_html_path(paths)
         html_path.parent.mkdir(parents=True, exist_ok=True)
-        html_path.write_text(render_html(report, records, evaluation_is_productive=args.evaluation_is_productive),
-                             encoding="utf-8")
+        html_path.write_text(render_html(report), encoding="utf-8")
         print(f"html report: {html_path.resolve()}")
     if args.chrome:
-        count = write_chrome_trace(records, args.chrome)
+        spans = records if records is not None else (
+            record for record in stream_records(paths) if args.job is None or record.run.job_id == args.job)
+        count = write_chrome_trace(spans, args.chrome)
         print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)")
     return 0

@@ -7,7 +7,7 @@ offline HTML page and a Chrome trace for Perfetto.
 
 from otel_training.report.chrome import write_chrome_trace
 from otel_training.report.html import render_html
-from otel_training.report.job import JobReport, build_report
+from otel_training.report.job import JobReport, assemble, build_report
 from otel_training.report.reader import Problem, ReadResult, read_paths
 from otel_training.report.summary import render_summary
 
@@ -15,6 +15,7 @@ __all__ = [
     "JobReport",
     "Problem",
     "ReadResult",
+    "assemble",
     "build_report",
     "read_paths",
     "render_html",

@@ -15,26 +15,25 @@ from typing import Any
 from otel_training.analysis import SpanRecord
 
 
-def chrome_events(records: Iterable[SpanRecord]) -> list[dict[str, Any]]:
+def _event(record: SpanRecord) -> dict[str, Any]:
+    args = dict(record.attributes)
+    args["training.restart.count"] = record.run.restart
+    if record.error:
+        args["otel.status_code"] = "ERROR"
+    return {
+        "name": record.name,
+        "cat": record.role,
+        "ph": "X",
+        "ts": record.start_ns / 1000,
+        "dur": max(0, record.end_ns - record.start_ns) / 1000,
+        "pid": record.run.rank,
+        "tid": record.thread,
+        "args": args,
+    }
+
+
+def _metadata(ranks: dict[int, str]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    ranks: dict[int, str] = {}
-    for record in records:
-        rank = record.run.rank
-        ranks.setdefault(rank, record.service)
-        args = dict(record.attributes)
-        args["training.restart.count"] = record.run.restart
-        if record.error:
-            args["otel.status_code"] = "ERROR"
-        events.append({
-            "name": record.name,
-            "cat": record.role,
-            "ph": "X",
-            "ts": record.start_ns / 1000,
-            "dur": max(0, record.end_ns - record.start_ns) / 1000,
-            "pid": rank,
-            "tid": record.thread,
-            "args": args,
-        })
     for rank, service in sorted(ranks.items()):
         label = f"rank {rank}" + (f" ({service})" if service else "")
         events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": label}})
@@ -42,11 +41,26 @@ def chrome_events(records: Iterable[SpanRecord]) -> list[dict[str, Any]]:
     return events
 
 
+def chrome_events(records: Iterable[SpanRecord]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    ranks: dict[int, str] = {}
+    for record in records:
+        ranks.setdefault(record.run.rank, record.service)
+        events.append(_event(record))
+    return events + _metadata(ranks)
+
+
 def write_chrome_trace(records: Iterable[SpanRecord], path: str | os.PathLike[str]) -> int:
-    """Write the trace; returns the number of span events."""
-    events = chrome_events(records)
-    # dumps, not dump: dump streams through the pure-Python encoder, several times slower.
-    text = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":"), default=str)
+    """Write the trace, one event at a time (``records`` may be a stream); returns the number of span events."""
+    ranks: dict[int, str] = {}
+    spans = 0
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    return sum(1 for event in events if event["ph"] == "X")
+        handle.write('{"traceEvents":[')
+        for record in records:
+            ranks.setdefault(record.run.rank, record.service)
+            handle.write(("," if spans else "") + json.dumps(_event(record), separators=(",", ":"), default=str))
+            spans += 1
+        handle.writelines(("," if spans or index else "") + json.dumps(event, separators=(",", ":"), default=str)
+                          for index, event in enumerate(_metadata(ranks)))
+        handle.write('],"displayTimeUnit":"ms"}')
+    return spans

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord, span_label
+from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord
+from otel_training.report.digest import TIMELINE_RANKS, merged
 from otel_training.report.job import JobReport
 from otel_training.report.summary import render_summary
 
@@ -72,11 +73,11 @@ def _plot_step_times(report: JobReport) -> str:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(11, 3.8))
     by_rank: defaultdict[int, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for step in report.steps:
+    for step in report.step_sample:
         xs, ys = by_rank[step.rank]
         xs.append((step.start_ns - report.start_ns) / 1e9)
         ys.append(step.duration_s * 1000)
-    rasterize = len(report.steps) > RASTERIZE_ABOVE
+    rasterize = len(report.step_sample) > RASTERIZE_ABOVE
     stragglers = set(report.straggler_ranks)
     for rank, (xs, ys) in sorted(by_rank.items()):
         label = f"rank {rank}" + (" (straggler)" if rank in stragglers else "")
@@ -90,8 +91,11 @@ def _plot_step_times(report: JobReport) -> str:
     title = "Step time per rank (red lines: restarts)"
     if cap is not None:
         axes.set_ylim(0, cap)
-        hidden = sum(1 for step in report.steps if step.duration_s * 1000 > cap)
+        hidden = sum(1 for durations in report.rank_durations.values() for duration in durations
+                     if duration * 1000 > cap)
         title += f"; {hidden} step(s) above {cap:.0f} ms off the chart"
+    if len(report.step_sample) < report.step_count:
+        title += f" ({len(report.step_sample):,} of {report.step_count:,} steps shown, the longest among them)"
     axes.set_xlabel("time since job start (s)")
     axes.set_ylabel("step time (ms)")
     axes.set_title(title)
@@ -100,12 +104,19 @@ def _plot_step_times(report: JobReport) -> str:
     return _svg(figure)
 
 
+def _durations_ms(report: JobReport) -> Any:
+    import numpy  # matplotlib's own dependency
+
+    arrays = [numpy.frombuffer(durations, dtype="float64") for durations in report.rank_durations.values()]
+    return numpy.concatenate(arrays) * 1000 if arrays else numpy.zeros(0)
+
+
 def _plot_histogram(report: JobReport) -> str:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(5.4, 3.6))
-    durations = [step.duration_s * 1000 for step in report.steps]
+    durations = _durations_ms(report)
     cap = _step_axis_cap_ms(report)
-    shown = durations if cap is None else [d for d in durations if d <= cap]
+    shown = durations if cap is None else durations[durations <= cap]
     axes.hist(shown, bins=min(60, max(5, len(shown) // 5)), color="#1f77b4")
     if report.ideal_step_s is not None:
         axes.axvline(report.ideal_step_s * 1000, color="black", linestyle="--", label="ideal")
@@ -139,36 +150,26 @@ def _plot_breakdown(report: JobReport) -> str:
     return _svg(figure)
 
 
-def _merged(intervals: list[tuple[int, int]], resolution: int) -> list[tuple[int, int]]:
-    """Intervals closer than ``resolution`` merged: one mark per pixel is all a plot can show."""
-    intervals.sort()
-    merged: list[list[int]] = []
-    for start, end in intervals:
-        if merged and start - merged[-1][1] <= resolution:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-
-
-def _plot_timeline(report: JobReport, records: Sequence[SpanRecord], evaluation_is_productive: bool) -> str:
+def _plot_timeline(report: JobReport) -> str:
     plt = _pyplot()
     ranks = sorted({run.key.rank for run in report.goodput.runs})
+    total_ranks = len(ranks)
+    ranks = ranks[:TIMELINE_RANKS]
     figure, axes = plt.subplots(figsize=(11, 0.9 + 0.45 * max(1, len(ranks))))
     span_ns = max(1, report.end_ns - report.start_ns)
     resolution = span_ns // TIMELINE_BINS
     row = {rank: index for index, rank in enumerate(ranks)}
     intervals: defaultdict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
-    for record in records:
-        label = span_label(record.name, evaluation_is_productive)
-        if label is not None and record.run.rank in row:
-            intervals[(record.run.rank, label)].append((record.start_ns, record.end_ns))
+    for (rank, label), spans in report.intervals.items():
+        if rank in row:
+            intervals[(rank, label)].extend(spans)
     for run in report.goodput.runs:
-        intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
+        if run.key.rank in row:
+            intervals[(run.key.rank, "_run")].append((run.start_ns, run.end_ns))
     used: set[str] = set()
-    merged = {key: _merged(spans, resolution) for key, spans in intervals.items()}
-    rasterize = sum(len(spans) for spans in merged.values()) > RASTERIZE_ABOVE
-    for (rank, label), spans in sorted(merged.items(), key=lambda item: item[0][1] != "_run"):
+    merged_spans = {key: merged(spans, resolution) for key, spans in intervals.items()}
+    rasterize = sum(len(spans) for spans in merged_spans.values()) > RASTERIZE_ABOVE
+    for (rank, label), spans in sorted(merged_spans.items(), key=lambda item: item[0][1] != "_run"):
         bars = [((start - report.start_ns) / 1e9, max(end - start, resolution) / 1e9) for start, end in spans]
         if label == "_run":
             axes.broken_barh(bars, (row[rank] - 0.4, 0.8), facecolors="#f0f0f0", edgecolors="#999999")
@@ -183,7 +184,10 @@ def _plot_timeline(report: JobReport, records: Sequence[SpanRecord], evaluation_
     axes.set_ylim(-0.6, len(ranks) - 0.4 + 0.3)
     axes.invert_yaxis()
     axes.set_xlabel("time since job start (s)")
-    axes.set_title("Per-rank timeline (grey: a run of the rank; triangles: stuck/recovered alerts)")
+    title = "Per-rank timeline (grey: a run of the rank; triangles: stuck/recovered alerts)"
+    if len(ranks) < total_ranks:
+        title += f"; the {len(ranks)} lowest-numbered of {total_ranks} ranks"
+    axes.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[label]) for label in COLORS if label in used]
     axes.legend(handles, [label for label in COLORS if label in used], loc="upper left",
                 bbox_to_anchor=(1.0, 1.0), fontsize="small")
@@ -261,15 +265,21 @@ def _alerts(report: JobReport) -> str:
     return "".join(items)
 
 
-def render_html(report: JobReport, records: Sequence[SpanRecord], *, evaluation_is_productive: bool = False) -> str:
-    """The report page; ``records`` feed the timeline."""
+def render_html(report: JobReport, records: Sequence[SpanRecord] | None = None, *,
+                evaluation_is_productive: bool = False) -> str:
+    """The report page.
+
+    ``records`` and ``evaluation_is_productive`` are unused: the timeline's intervals were
+    kept when the report was built (from records in memory or from files streamed), labelled
+    as its goodput was. They stay for callers written when the page redrew them from the spans.
+    """
     title = "otel-training report: " + (", ".join(report.job_ids) or "job")
     plots = ['<figure class="plot" id="breakdown">' + _plot_breakdown(report) + "</figure>"]
-    if report.steps:
+    if report.step_count:
         plots.insert(0, '<figure class="plot" id="step-time">' + _plot_step_times(report) + "</figure>")
         plots.append('<figure class="plot" id="histogram">' + _plot_histogram(report) + "</figure>")
     plots.append('<figure class="plot" id="timeline">'
-                 + _plot_timeline(report, records, evaluation_is_productive) + "</figure>")
+                 + _plot_timeline(report) + "</figure>")
     problems = ""
     if report.problems:
         problems = ("<h2>Input problems</h2><ul class=\"problems\">"

@@ -3,62 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections import defaultdict
+import heapq
+from array import array
 from collections.abc import Sequence
 
-from otel_training import semconv as sc
-from otel_training.analysis import (
-    GoodputAccount,
-    SpanRecord,
-    StepStats,
-    StragglerScore,
-    account,
-    ideal_step_time,
-    normal_threshold,
-    step_stats,
-    straggler_scores,
-    times_step,
+from otel_training.analysis import GoodputAccount, SpanRecord, StepStats, StragglerScore
+from otel_training.analysis.goodput import job_account
+from otel_training.analysis.stragglers import (
+    DEFAULT_THRESHOLD,
+    WINDOW,
+    WindowScore,
+    scores_from_medians,
 )
-from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW, WindowScore
+from otel_training.report import stats
+from otel_training.report.digest import (
+    PLOT_STEPS,
+    SAMPLE_LONGEST,
+    Alert,
+    Part,
+    RankPart,
+    Step,
+    StepColumns,
+    part_from_records,
+)
 from otel_training.report.reader import Problem
 
-
-@dataclasses.dataclass(frozen=True)
-class Alert:
-    rank: int
-    restart: int
-    time_ns: int
-    kind: str
-    span_name: str
-    elapsed_s: float | None
-    threshold_s: float | None
-    stacks: str
-    #: What the alert is about, where known: the step, and the device a device step ran on.
-    step: int | None = None
-    device: str = ""
-
-    @property
-    def about(self) -> str:
-        """"training.device_step step 80 on cuda:0": the span, its step and device."""
-        text = self.span_name or "span"
-        if self.step is not None:
-            text += f" step {self.step}"
-        return f"{text} on {self.device}" if self.device else text
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    rank: int
-    restart: int
-    start_ns: int
-    duration_s: float
-    #: The span's training.step, where it has one.
-    step: int | None = None
-
-    @property
-    def end_ns(self) -> int:
-        return self.start_ns + round(self.duration_s * 1e9)
+__all__ = ["Alert", "JobReport", "Step", "assemble", "build_report"]
 
 
 @dataclasses.dataclass
@@ -75,28 +45,31 @@ class JobReport:
     job_steps: StepStats | None
     stragglers: list[StragglerScore]
     alerts: list[Alert]
-    steps: list[Step]
+    #: Each rank's step durations in the order they ran (seconds, 8 bytes a step).
+    rank_durations: dict[int, array]
+    #: A bounded sample of each rank's steps (with its longest), for the step-time plot.
+    step_sample: list[Step]
     problems: list[Problem]
     #: Steps per straggler report window, and the score below which a window names its rank.
     straggler_window: int = WINDOW
     straggler_threshold: float = DEFAULT_THRESHOLD
+    #: The first and last step of each straggler window of each rank, two per window.
+    window_edges: dict[int, StepColumns] = dataclasses.field(default_factory=dict)
+    #: Labelled time of each rank for the timeline, (rank, label) -> intervals.
+    intervals: dict[tuple[int, str], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
 
     @property
     def straggler_ranks(self) -> list[int]:
         return [score.rank for score in self.stragglers if score.straggler]
 
-    @functools.cached_property
-    def _rank_steps(self) -> dict[int, list[Step]]:
-        """Each rank's steps in the order they ran: the order straggler windows count them in."""
-        by_rank: defaultdict[int, list[Step]] = defaultdict(list)
-        for step in self.steps:
-            by_rank[step.rank].append(step)
-        return dict(by_rank)
+    @property
+    def step_count(self) -> int:
+        return sum(len(durations) for durations in self.rank_durations.values())
 
     def window_steps(self, rank: int, window: WindowScore) -> tuple[Step, Step]:
         """The first and last step of a rank's straggler window: its training steps and times."""
-        rank_steps = self._rank_steps[rank]
-        return rank_steps[window.first], rank_steps[window.last]
+        edges = self.window_edges[rank]
+        return edges.step(rank, 2 * window.index), edges.step(rank, 2 * window.index + 1)
 
     def window_label(self, rank: int, window: WindowScore) -> str:
         """"steps 40-59, 80.0-120.0 s into the job": where to look on the step-time plot.
@@ -129,15 +102,51 @@ class JobReport:
         return lines
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s: float | None = None,
+             straggler_threshold: float = DEFAULT_THRESHOLD, straggler_window: int = WINDOW) -> JobReport:
+    """The report of a job from what its inputs contributed."""
+    ranks = [part.ranks[rank] for rank in sorted(part.ranks)]
+    threshold, ideal, job_steps = stats.job_figures([rank.durations for rank in ranks], ideal_step_time_s)
+    with_steps = [rank for rank in ranks if rank.durations]
+    return JobReport(
+        job_ids=sorted(part.job_ids),
+        services=sorted(part.services),
+        span_count=part.span_count,
+        start_ns=part.start_ns or 0,
+        end_ns=part.end_ns or 0,
+        goodput=job_account(rank.runs for rank in ranks),
+        ideal_step_s=ideal,
+        normal_threshold_s=threshold,
+        rank_steps={rank.rank: rank_stats for rank in with_steps
+                    if (rank_stats := stats.stats_of(rank.durations, ideal, threshold)) is not None},
+        job_steps=job_steps,
+        stragglers=scores_from_medians(
+            {rank.rank: rank.window_medians for rank in with_steps},
+            {rank.rank: len(rank.durations) for rank in with_steps},
+            {rank.rank: stats.median_of(rank.durations) for rank in with_steps},
+            straggler_threshold, window=straggler_window, compact=True),
+        alerts=sorted(part.alerts, key=lambda alert: alert.time_ns),
+        rank_durations={rank.rank: rank.durations for rank in with_steps},
+        step_sample=_plot_sample(ranks),
+        problems=list(problems),
+        straggler_window=straggler_window,
+        straggler_threshold=straggler_threshold,
+        window_edges={rank.rank: rank.edges for rank in with_steps},
+        intervals=dict(part.intervals.spans),
+    )
 
 
-def _float(value: object) -> float | None:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
+def _plot_sample(ranks: Sequence[RankPart]) -> list[Step]:
+    """Each rank's sample thinned to its share of ``PLOT_STEPS`` (keeping its longest steps)."""
+    share = max(SAMPLE_LONGEST, PLOT_STEPS // max(1, len(ranks)))
+    steps = []
+    for rank in ranks:
+        sample = rank.sample
+        longest = set(heapq.nlargest(SAMPLE_LONGEST, range(len(sample)), key=sample.durations.__getitem__))
+        stride = -(-len(sample) // share)
+        steps.extend(sample.step(rank.rank, index) for index in range(len(sample))
+                     if index % stride == 0 or index in longest)
+    return steps
 
 
 def build_report(
@@ -149,49 +158,7 @@ def build_report(
     straggler_threshold: float = DEFAULT_THRESHOLD,
     straggler_window: int = WINDOW,
 ) -> JobReport:
-    """Goodput, step-time statistics, stragglers and alerts of the spans of one job."""
-    steps: list[Step] = []
-    alerts: list[Alert] = []
-    for record in records:
-        if record.is_trainer and times_step(record.name, record.attributes):
-            steps.append(Step(record.run.rank, record.run.restart, record.start_ns, record.duration_s,
-                              _int(record.attributes.get(sc.STEP))))
-        elif record.name == sc.SPAN_ALERT:
-            attributes = record.attributes
-            alerts.append(Alert(
-                rank=record.run.rank, restart=record.run.restart, time_ns=record.start_ns,
-                kind=str(attributes.get(sc.ALERT_KIND, "")),
-                span_name=str(attributes.get(sc.ALERT_SPAN_NAME, "")),
-                elapsed_s=_float(attributes.get(sc.ALERT_ELAPSED_S)),
-                threshold_s=_float(attributes.get(sc.ALERT_THRESHOLD_S)),
-                stacks=str(attributes.get(sc.ALERT_STACKS, "")),
-                step=_int(attributes.get(sc.STEP)),
-                device=str(attributes.get(sc.DEVICE, "")),
-            ))
-    steps.sort(key=lambda step: (step.rank, step.start_ns))
-    alerts.sort(key=lambda alert: alert.time_ns)
-    by_rank: defaultdict[int, list[float]] = defaultdict(list)
-    for step in steps:
-        by_rank[step.rank].append(step.duration_s)
-    pooled = [step.duration_s for step in steps]
-    threshold = normal_threshold(pooled)
-    ideal = ideal_step_time(pooled, ideal_step_time_s)
-    return JobReport(
-        job_ids=sorted({record.run.job_id for record in records if record.run.job_id}),
-        services=sorted({record.service for record in records if record.service}),
-        span_count=len(records),
-        start_ns=min((record.start_ns for record in records), default=0),
-        end_ns=max((record.end_ns for record in records), default=0),
-        goodput=account(records, evaluation_is_productive=evaluation_is_productive),
-        ideal_step_s=ideal,
-        normal_threshold_s=threshold,
-        rank_steps={rank: stats for rank, durations in sorted(by_rank.items())
-                    if (stats := step_stats(durations, ideal, threshold)) is not None},
-        job_steps=step_stats(pooled, ideal, threshold),
-        stragglers=straggler_scores(by_rank, straggler_threshold, window=straggler_window),
-        alerts=alerts,
-        steps=steps,
-        problems=list(problems),
-        straggler_window=straggler_window,
-        straggler_threshold=straggler_threshold,
-    )
+    """Goodput, step-time statistics, stragglers and alerts of the spans of one job, held in memory."""
+    part = part_from_records(records, evaluation_is_productive=evaluation_is_productive, window=straggler_window)
+    return assemble(part, problems, ideal_step_time_s=ideal_step_time_s,
+                    straggler_threshold=straggler_threshold, straggler_window=straggler_window)

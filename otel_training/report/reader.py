@@ -19,9 +19,9 @@ import dataclasses
 import gc
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
@@ -41,6 +41,7 @@ MAX_TIME_NS = 2**63 - 1
 _ALERT_SECONDS = (sc.ALERT_ELAPSED_S, sc.ALERT_THRESHOLD_S)
 _STATUS_ERROR = 2
 _THREAD_ID = "thread.id"
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
-def _not_strings(**fields: Any) -> TypeError:
+def not_strings(**fields: Any) -> TypeError:
     wrong = ", ".join(f"{key} is {type(value).__name__}" for key, value in fields.items() if not isinstance(value, str))
     return TypeError(f"{wrong}, not a string")
 
@@ -128,7 +129,7 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
                 # Ids are joined and compared later: another type is a malformed span, not a crash there.
                 if not (type(name) is str and type(trace_id) is str and type(span_id) is str
                         and type(parent_id) is str):
-                    raise _not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
+                    raise not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
                 records.append(SpanRecord(
                     name=name,
                     start_ns=int(span["startTimeUnixNano"]),
@@ -146,24 +147,36 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
     return records
 
 
-def _impossible(record: SpanRecord) -> str | None:
-    """Why the span cannot be real, or None."""
-    if not (MIN_TIME_NS <= record.start_ns <= MAX_TIME_NS and MIN_TIME_NS <= record.end_ns <= MAX_TIME_NS):
+def impossible_times(start_ns: int, end_ns: int) -> str | None:
+    """Why a span with these timestamps cannot be real, or None."""
+    if not (MIN_TIME_NS <= start_ns <= MAX_TIME_NS and MIN_TIME_NS <= end_ns <= MAX_TIME_NS):
         return "has a timestamp before 2000 or after 2262 (negative, unset or corrupt)"
-    if record.end_ns < record.start_ns:
+    if end_ns < start_ns:
         return "ends before it starts"
-    if record.name == sc.SPAN_ALERT:
-        for key in _ALERT_SECONDS:
-            value = record.attributes.get(key)
-            if isinstance(value, (int, float)) and not 0 <= value <= MAX_TIME_NS / 1e9:
-                return f"claims {key}={value!r}, not a duration in the 64-bit nanosecond range"
     return None
 
 
-def _impossible_problem(impossible: list[tuple[SpanRecord, str]]) -> str:
-    record, why = impossible[0]
+def impossible_alert(attributes: dict[str, Any]) -> str | None:
+    """Why an alert's attributes cannot be real, or None."""
+    for key in _ALERT_SECONDS:
+        value = attributes.get(key)
+        if isinstance(value, (int, float)) and not 0 <= value <= MAX_TIME_NS / 1e9:
+            return f"claims {key}={value!r}, not a duration in the 64-bit nanosecond range"
+    return None
+
+
+def _impossible(record: SpanRecord) -> str | None:
+    """Why the span cannot be real, or None."""
+    why = impossible_times(record.start_ns, record.end_ns)
+    if why is None and record.name == sc.SPAN_ALERT:
+        why = impossible_alert(record.attributes)
+    return why
+
+
+def _impossible_problem(impossible: list[tuple[str, str]]) -> str:
+    name, why = impossible[0]
     more = f" (and {len(impossible) - 1} more impossible span(s) on this line)" if len(impossible) > 1 else ""
-    return f"span {record.name!r} {why}{more}; skipped"
+    return f"span {name!r} {why}{more}; skipped"
 
 
 def _lines(handle: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
@@ -199,49 +212,76 @@ def _kind_problem(request: Any) -> str:
     return "not an OTLP JSON trace request (no resourceSpans); skipped"
 
 
+class FileScan:
+    """The requests of one OTLP JSON Lines file, line by line, each damaged line a problem of its own.
+
+    ``convert`` turns one request into what the caller keeps of it and the impossible spans it
+    found (as (name, why)); whatever it raises costs its line only. Iterating yields the
+    converted lines; ``problems`` holds what could not be used once iteration ends.
+    """
+
+    def __init__(self, path: Path, convert: Callable[[dict[str, Any]], tuple[T, list[tuple[str, str]]]],
+                 progress: Any = None, loads: Callable[[bytes], Any] = json.loads) -> None:
+        self.path = path
+        self.problems: list[Problem] = []
+        self._convert = convert
+        self._progress = progress
+        self._loads = loads
+        self._hidden = 0
+
+    def problem(self, line: int | None, message: str) -> None:
+        if line is None or len(self.problems) < MAX_PROBLEMS_PER_FILE:
+            self.problems.append(Problem(str(self.path), line, message))
+        else:
+            self._hidden += 1
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            handle = self.path.open("rb")
+        except OSError as error:
+            self.problems.append(Problem(str(self.path), None, f"cannot open: {error.strerror or error}"))
+            return
+        convert, loads, progress = self._convert, self._loads, self._progress
+        with handle:
+            for number, (line, size) in enumerate(_lines(handle), start=1):
+                if progress is not None:
+                    progress.update(size)
+                if line is None:
+                    self.problem(number, f"line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} read; skipped")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    request = loads(line)
+                    if not isinstance(request, dict) or "resourceSpans" not in request:
+                        self.problem(number, _kind_problem(request))
+                        continue
+                    converted, impossible = convert(request)
+                except Exception as error:  # noqa: BLE001 - whatever a line holds, it costs that line only
+                    self.problem(number, _line_problem(line, error))
+                    continue
+                if impossible:
+                    self.problem(number, _impossible_problem(impossible))
+                yield converted
+        if self._hidden:
+            self.problems.append(Problem(str(self.path), None, f"{self._hidden} more unreadable line(s) not listed"))
+
+
+def _checked_records(request: dict[str, Any]) -> tuple[list[SpanRecord], list[tuple[str, str]]]:
+    records = records_from_request(request)
+    impossible = [(record.name, why) for record in records if (why := _impossible(record))]
+    if impossible:
+        records = [record for record in records if not _impossible(record)]
+    return records, impossible
+
+
 def read_file(path: Path, progress: Any = None) -> tuple[list[SpanRecord], list[Problem]]:
     """The spans of one OTLP JSON Lines file (a single JSON document works too)."""
     records: list[SpanRecord] = []
-    problems: list[Problem] = []
-    hidden = 0
-
-    def problem(line: int, message: str) -> None:
-        nonlocal hidden
-        if len(problems) < MAX_PROBLEMS_PER_FILE:
-            problems.append(Problem(str(path), line, message))
-        else:
-            hidden += 1
-
-    try:
-        handle = path.open("rb")
-    except OSError as error:
-        return [], [Problem(str(path), None, f"cannot open: {error.strerror or error}")]
-    with handle:
-        for number, (line, size) in enumerate(_lines(handle), start=1):
-            if progress is not None:
-                progress.update(size)
-            if line is None:
-                problem(number, f"line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} read; skipped")
-                continue
-            if not line.strip():
-                continue
-            try:
-                request = json.loads(line)
-                if not isinstance(request, dict) or "resourceSpans" not in request:
-                    problem(number, _kind_problem(request))
-                    continue
-                line_records = records_from_request(request)
-            except Exception as error:  # noqa: BLE001 - whatever a line holds, it costs that line only
-                problem(number, _line_problem(line, error))
-                continue
-            impossible = [(record, why) for record in line_records if (why := _impossible(record))]
-            if impossible:
-                problem(number, _impossible_problem(impossible))
-                line_records = [record for record in line_records if not _impossible(record)]
-            records.extend(line_records)
-    if hidden:
-        problems.append(Problem(str(path), None, f"{hidden} more unreadable line(s) not listed"))
-    return records, problems
+    scan = FileScan(path, _checked_records, progress)
+    for line_records in scan:
+        records.extend(line_records)
+    return records, scan.problems
 
 
 def _size(path: Path) -> int:
@@ -274,6 +314,17 @@ def _unique(records: list[SpanRecord], seen: set[str]) -> tuple[list[SpanRecord]
             seen.add(key)
         unique.append(record)
     return unique, len(records) - len(unique)
+
+
+def stream_records(paths: Sequence[str | os.PathLike[str]]) -> Iterator[SpanRecord]:
+    """Every span under ``paths``, one line of a file at a time (problems are ``read_paths``'s to report)."""
+    files, _ = find_trace_files(paths)
+    unique: dict[Path, Path] = {}
+    for path in files:
+        unique.setdefault(path.resolve(), path)
+    for path in unique.values():
+        for line_records in FileScan(path, _checked_records):
+            yield from line_records
 
 
 def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> ReadResult:

@@ -1,0 +1,249 @@
+"""The report of trace files at job scale: one worker process per file, their parts merged.
+
+The file exporter writes one file per rank (every life of the rank appended), so
+a worker that reads a file finishes its ranks alone, and the parent only merges
+per-rank aggregates: memory stays flat as the files grow, and every core reads.
+A rank found in several files (a collector's output split by time, files of
+one rank renamed) or one a worker could not read exactly as a stream is
+recomputed from its spans in memory: slower, never different.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from otel_training.analysis import SpanRecord
+from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
+from otel_training.report.digest import Intervals, Part, part_from_records
+from otel_training.report.job import JobReport, assemble
+from otel_training.report.reader import (
+    Problem,
+    _progress_bar,
+    _size,
+    _unique,
+    find_trace_files,
+    read_file,
+)
+from otel_training.report.stream import digest_file
+
+#: Bytes a worker reads between two progress messages.
+PROGRESS_EVERY = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    window: int = WINDOW
+    evaluation_is_productive: bool = False
+    job_id: str | None = None
+
+
+def workers_available() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _QueueProgress:
+    """A worker's bytes read, sent to the parent's bar in chunks."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.pending = 0
+
+    def update(self, size: int) -> None:
+        self.pending += size
+        if self.pending >= PROGRESS_EVERY:
+            self.queue.put(self.pending)
+            self.pending = 0
+
+    def flush(self) -> None:
+        if self.pending:
+            self.queue.put(self.pending)
+            self.pending = 0
+
+
+_queue: Any = None
+
+
+def _init_worker(queue: Any) -> None:
+    global _queue
+    _queue = queue
+
+
+def _digest(job: tuple[int, Path, Options]) -> tuple[int, Part, list[Problem]]:
+    index, path, options = job
+    progress = None if _queue is None else _QueueProgress(_queue)
+    part, problems = digest_file(path, window=options.window, evaluation_is_productive=options.evaluation_is_productive,
+                                 job_id=options.job_id, progress=progress)
+    if progress is not None:
+        progress.flush()
+    return index, part, problems
+
+
+def _digest_of(path: Path, limit: int | None = None) -> bytes | None:
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with path.open("rb") as handle:
+            if limit is not None:
+                digest.update(handle.read(limit))
+            else:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+    except OSError:
+        return None  # reading it says why
+    return digest.digest()
+
+
+def _content_duplicates(files: list[Path]) -> dict[Path, Path]:
+    """Files with the same content as an earlier one (a copy): same size, same first MB, then same whole."""
+    groups: dict[object, list[Path]] = {}
+    for path in files:
+        groups.setdefault(_size(path), []).append(path)
+    for key in [key for key, same in groups.items() if len(same) > 1 and key]:
+        for path in groups.pop(key):
+            groups.setdefault((key, _digest_of(path, 1 << 20)), []).append(path)
+    duplicates: dict[Path, Path] = {}
+    for key, same in groups.items():
+        if not isinstance(key, tuple) or len(same) < 2 or key[1] is None:
+            continue
+        seen: dict[bytes, Path] = {}
+        for path in same:
+            digest = _digest_of(path)
+            if digest is None:
+                continue
+            if digest in seen:
+                duplicates[path] = seen[digest]
+            else:
+                seen[digest] = path
+    return duplicates
+
+
+def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *, progress: bool | None = None,
+               workers: int | None = None) -> tuple[list[tuple[Part, list[Problem]]], Any]:
+    """Each file's part and problems, in the order of ``files``; several files are read by several processes.
+
+    Each part's timeline intervals are merged into ``intervals`` as it arrives (a thousand files'
+    worth would be the largest thing held), the rest of it kept.
+    """
+    total = sum(_size(path) for path in files)
+    bar = _progress_bar(total, progress)
+    workers = min(workers or workers_available(), len(files))
+    jobs = [(index, path, options) for index, path in enumerate(files)]
+    results: list[Any] = [None] * len(files)
+    try:
+        if workers <= 1:
+            for index, path, _ in jobs:
+                results[index] = _keep(digest_file(
+                    path, window=options.window, job_id=options.job_id,
+                    evaluation_is_productive=options.evaluation_is_productive, progress=bar), intervals)
+            return results, bar
+        context = get_context("fork" if "fork" in _methods() else "spawn")
+        queue = context.Queue() if bar is not None else None
+        drain = threading.Thread(target=_drain, args=(queue, bar), daemon=True) if queue is not None else None
+        if drain is not None:
+            drain.start()
+        # The largest files first, so that no worker is left with the largest at the end.
+        jobs.sort(key=lambda job: -_size(job[1]))
+        with context.Pool(workers, initializer=_init_worker, initargs=(queue,)) as pool:
+            for index, part, problems in pool.imap_unordered(_digest, jobs, chunksize=1):
+                results[index] = _keep((part, problems), intervals)
+        if queue is not None:
+            queue.put(None)
+            assert drain is not None
+            drain.join(timeout=10)
+        return results, bar
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _keep(result: tuple[Part, list[Problem]], intervals: Intervals) -> tuple[Part, list[Problem]]:
+    part, _ = result
+    intervals.update(part.intervals)
+    part.intervals = Intervals()
+    return result
+
+
+def _methods() -> list[str]:
+    from multiprocessing import get_all_start_methods
+
+    return get_all_start_methods()
+
+
+def _drain(queue: Any, bar: Any) -> None:
+    while (size := queue.get()) is not None:
+        bar.update(size)
+
+
+def report_files(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    job_id: str | None = None,
+    evaluation_is_productive: bool = False,
+    ideal_step_time_s: float | None = None,
+    straggler_threshold: float = DEFAULT_THRESHOLD,
+    straggler_window: int = WINDOW,
+    progress: bool | None = None,
+    workers: int | None = None,
+) -> JobReport:
+    """The report of the OTLP JSON trace files under ``paths``, streamed (``progress``: as ``read_paths``)."""
+    files, problems = find_trace_files(paths)
+    unique: dict[Path, Path] = {}
+    for path in files:  # a file named twice (itself and its directory, ./a and a) is read once
+        unique.setdefault(path.resolve(), path)
+    files = list(unique.values())
+    copies = _content_duplicates(files)
+    options = Options(straggler_window, evaluation_is_productive, job_id)
+    read = [path for path in files if path not in copies]
+    part = Part()
+    results, _ = read_parts(read, options, part.intervals, progress=progress, workers=workers)
+    owners: dict[int, list[Path]] = {}
+    for path, (file_part, file_problems) in zip(read, results):
+        problems.extend(file_problems)
+        for rank in set(file_part.ranks) | file_part.unfinished:
+            owners.setdefault(rank, []).append(path)
+        if path in copies.values():
+            problems.extend(Problem(str(copy), None, f"the same content as {path}: already read; counted once")
+                            for copy, original in copies.items() if original == path)
+        shared = [rank for rank in file_part.ranks if rank in part.ranks or rank in part.unfinished]
+        for rank in shared:
+            file_part.unfinished.add(rank)
+            part.unfinished.add(rank)
+            part.ranks.pop(rank, None)
+            file_part.ranks.pop(rank)
+        part.update(file_part)
+    if part.unfinished:
+        _recompute(part, sorted(part.unfinished), owners, read, options, problems)
+    if files and not part.span_count:
+        problems.append(Problem(", ".join(str(path) for path in files[:3]) + ("..." if len(files) > 3 else ""),
+                                None, "no spans found"))
+    return assemble(part, problems, ideal_step_time_s=ideal_step_time_s,
+                    straggler_threshold=straggler_threshold, straggler_window=straggler_window)
+
+
+def _recompute(part: Part, ranks: list[int], owners: dict[int, list[Path]], files: list[Path], options: Options,
+               problems: list[Problem]) -> None:
+    """Ranks that need their spans together: read again from their files, in memory, in the order read."""
+    wanted = set(ranks)
+    needed = {path for rank in ranks for path in owners.get(rank, [])}
+    records: list[SpanRecord] = []
+    seen: set[str] = set()
+    for path in files:
+        if path not in needed:
+            continue
+        file_records, _ = read_file(path)  # its problems were reported by the first reading
+        file_records, _ = _unique([record for record in file_records if record.run.rank in wanted and (
+            options.job_id is None or record.run.job_id == options.job_id)], seen)
+        records.extend(file_records)
+    recomputed = part_from_records(records, evaluation_is_productive=options.evaluation_is_productive,
+                                   window=options.window, ranks=wanted)
+    part.ranks.update(recomputed.ranks)
+    part.unfinished.clear()
