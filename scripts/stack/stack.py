@@ -5,7 +5,9 @@ Four processes, each from the same configuration files as docker-compose.yml
 (``collector-config/``), with only addresses, paths and intervals overridden:
 
 * the OpenTelemetry Collector built by ``scripts/stack/build.sh`` (``otel-collector.yaml``),
-* Jaeger v2 built by ``scripts/stack/build.sh`` (``jaeger.yaml``),
+  with its persistent sending queue in ``<run_dir>/collector-queue``,
+* Jaeger v2 built by ``scripts/stack/build.sh`` (``jaeger.yaml``), storing traces
+  in Badger under ``<run_dir>/jaeger-data``,
 * Prometheus from Debian's package (``prometheus.yml``, ``alert-rules.yml``),
 * Alertmanager from Debian's package (``alertmanager.yml``).
 
@@ -369,6 +371,16 @@ class Stack:
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
+    @property
+    def jaeger_data_dir(self) -> Path:
+        """Jaeger's Badger store: kept across Jaeger restarts (and stack restarts on the same run dir)."""
+        return self.run_dir / "jaeger-data"
+
+    @property
+    def collector_queue_dir(self) -> Path:
+        """The collector's persistent sending queue (file_storage extension)."""
+        return self.run_dir / "collector-queue"
+
     def client_env(self) -> dict[str, str]:
         """Environment for a training process exporting to this stack."""
         return {
@@ -389,7 +401,8 @@ class Stack:
         assert self.binaries is not None
         p = self.ports = Ports.allocate()
         cfg = self.run_dir / "config"
-        for d in (cfg, self.log_dir, self.alerts_file.parent, self.run_dir / "prometheus-data", self.run_dir / "alertmanager-data"):
+        for d in (cfg, self.log_dir, self.alerts_file.parent, self.run_dir / "prometheus-data", self.run_dir / "alertmanager-data",
+                  self.collector_queue_dir, self.jaeger_data_dir):
             d.mkdir(parents=True, exist_ok=True)
         rules = cfg / "alert-rules.yml"
         rules.write_text(render_rules(for_override=self.rule_for_override, replacements=self.rule_replacements))
@@ -410,6 +423,7 @@ class Stack:
             OTELCOL_TELEMETRY_PORT=str(p.collector_telemetry),
             JAEGER_OTLP_ENDPOINT=f"{lo}:{p.jaeger_otlp_grpc}",
             OTELCOL_ALERTS_FILE=str(self.alerts_file),
+            OTELCOL_FILE_STORAGE_DIR=str(self.collector_queue_dir),
             OTELCOL_SPANMETRICS_FLUSH_INTERVAL=self.spanmetrics_flush_interval,
             OTELCOL_LOG_LEVEL=self.log_level,
         )
@@ -422,6 +436,7 @@ class Stack:
             JAEGER_HEALTH_ENDPOINT=f"{lo}:{p.jaeger_health}",
             JAEGER_METRICS_HOST=lo,
             JAEGER_METRICS_PORT=str(p.jaeger_metrics),
+            JAEGER_BADGER_DIRECTORY=str(self.jaeger_data_dir),
             JAEGER_LOG_LEVEL=self.log_level,
         )
         b = self.binaries

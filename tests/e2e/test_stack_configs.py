@@ -46,6 +46,14 @@ def test_collector_configs_validate(stack_binaries, name):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
+def test_agent_dns_overlay_validates(stack_binaries):
+    proc = subprocess.run([str(stack_binaries.otelcol), "validate", f"--config={CONFIG / 'agent.yaml'}",
+                           f"--config={CONFIG / 'agent-dns.yaml'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
 def test_jaeger_config_validates(stack_binaries):
     proc = _validate(stack_binaries.jaeger, CONFIG / "jaeger.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -97,6 +105,7 @@ def test_collector_has_exactly_the_manifest_components(stack_binaries):
     assert {"otlp_grpc", "otlp_http"} <= names["exporters"] or {"otlp", "otlphttp"} <= names["exporters"]
     assert {"span_metrics", "count", "routing", "forward"} <= names["connectors"]
     assert {"health_check", "bearertokenauth"} <= names["extensions"]  # bearertokenauth: otlp-tls-auth.yaml
+    assert "file_storage" in names["extensions"]  # persistent sending queues
     assert comps["buildinfo"]["version"] == _manifest_version()
 
 
@@ -283,7 +292,10 @@ def test_binaries_listen_on_loopback_only_by_default(stack_binaries, tmp_path, n
     binary = stack_binaries.jaeger if name == "jaeger.yaml" else stack_binaries.otelcol
     expected_ports = {int(a.rsplit(":", 1)[1]) for a in _listen_addresses(yaml.safe_load((CONFIG / name).read_text())).values()}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTELCOL_", "JAEGER_", "OTEL_"))}
-    env["OTELCOL_ALERTS_FILE"] = str(tmp_path / "alerts.jsonl")  # not an address: the default path needs root
+    # Not addresses: the default paths are system directories.
+    env["OTELCOL_ALERTS_FILE"] = str(tmp_path / "alerts.jsonl")
+    env["OTELCOL_FILE_STORAGE_DIR"] = str(tmp_path / "queue")
+    env["JAEGER_BADGER_DIRECTORY"] = str(tmp_path / "badger")
     log = tmp_path / "service.log"
     own_netns = os.readlink("/proc/self/ns/net")
     with open(log, "wb") as out:
