@@ -11,8 +11,10 @@ gateways. Python SDK ranks cannot produce enough spans on a small machine to loa
 collector (bench/bench_collector_load.py: about 3,700 spans/s per rank); this sender does.
 
 Counted from each process's own telemetry and /proc: spans the agents accepted and
-refused, spans the gateways accepted, spans Jaeger stored, and the CPU seconds of the
-agents, the gateways and Jaeger while the load ran and drained. "through gateways/s" is
+refused, spans the gateways accepted, spans Jaeger stored (once its count stops moving,
+a decision window after the load), the CPU seconds of the agents, the gateways and
+Jaeger while the load ran and the gateways drained, the gateways' peak resident memory,
+and the disk Jaeger's Badger directory takes per span stored. "through gateways/s" is
 the gateways' accepted spans over the load's wall time; "gateway cores per 10k spans/s"
 is gateway CPU seconds per 10,000 spans accepted, i.e. the cores that rate keeps busy.
 Gateways sample ``--sample`` % of normal traces and decide after ``--decision-wait``.
@@ -30,6 +32,7 @@ import argparse
 import multiprocessing
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -147,20 +150,34 @@ def run(gateways: int, args: argparse.Namespace, raw: bytes, offsets: list[list[
             proc.join(timeout=30)
         load_s = time.time() - began
         sent = sum(r["sent"] for r in results)
-        # Drained: the gateways took what the agents accepted (nothing moves for 3 s).
-        last, quiet = -1.0, time.time()
-        while time.time() - quiet < 3 and time.time() - began < args.duration + 180:
-            now = accepted("gateways")
-            if now != last:
-                last, quiet = now, time.time()
+        # Drained: the agents' queues (on disk) are empty and the gateways took everything.
+        def queued() -> float:
+            return sum(counter(a.telemetry_url, "otelcol_exporter_queue_size", exporter="load_balancing/traces")
+                       for a in topo.agents)
+
+        quiet = time.time()
+        while time.time() - began < args.duration + 600:
+            if queued() == 0:
+                quiet = time.time()
+                break
             time.sleep(0.2)
         wall_s = quiet - began
         used = {k: cpu()[k] - before[k] for k in before}
         through = accepted("gateways")
+        # Kept traces reach Jaeger a decision window later: wait until its count stops moving.
+        last, quiet = -1.0, time.time()
+        while time.time() - quiet < 5 and time.time() - began < args.duration + 300:
+            now = stored()
+            if now != last:
+                last, quiet = now, time.time()
+            time.sleep(0.5)
+        disk = subprocess.run(["du", "-s", "--block-size=1", str(Path(run_dir) / "jaeger-data")],
+                              capture_output=True, text=True, check=True).stdout.split()[0]
         return {
             "gateways": gateways, "sent": sent, "offered_per_s": sent / load_s, "agent_accepted": accepted("agents"),
             "agent_refused": sum(counter(a.telemetry_url, "otelcol_receiver_refused_spans", receiver="otlp") for a in topo.agents),
-            "gateway_accepted": through, "through_per_s": through / wall_s, "stored": stored(), "wall_s": wall_s,
+            "gateway_accepted": through, "through_per_s": through / wall_s, "stored": last, "wall_s": wall_s,
+            "badger_bytes_per_span": int(disk) / last if last else 0.0,
             "agent_cpu_s": used["agents"], "gateway_cpu_s": used["gateways"], "jaeger_cpu_s": used["jaeger"],
             "agent_cores_10k": used["agents"] / wall_s / (through / wall_s / 1e4) if through else 0.0,
             "gateway_cores_10k": used["gateways"] / wall_s / (through / wall_s / 1e4) if through else 0.0,
@@ -176,6 +193,7 @@ COLUMNS = [
     ("jaeger_cpu_s", "Jaeger CPU s", "{:.1f}"), ("agent_cores_10k", "agent cores per 10k spans/s", "{:.2f}"),
     ("gateway_cores_10k", "gateway cores per 10k spans/s", "{:.2f}"),
     ("gateway_peak_rss_mib", "gateway peak RSS MiB", "{:.0f}"),
+    ("badger_bytes_per_span", "Badger bytes per stored span", "{:.0f}"),
 ]
 
 

@@ -123,13 +123,19 @@ STEP_TIME_S = 0.02
 DOWNTIME_S = 3.0
 
 
+def _until_stopped(tmp_path: Path) -> tuple[list[str], Path, Path, Path]:
+    """train_worker.py stepping every 20 ms until its stop file appears: argv, stop file, timings, result."""
+    stop_file, timings_file, result_file = tmp_path / "stop", tmp_path / "timings.jsonl", tmp_path / "result.json"
+    argv = worker_argv("--steps", "100000", "--step-time", str(STEP_TIME_S), "--substeps", "2", "--stop-file", str(stop_file),
+                       "--timings", str(timings_file), "--result", str(result_file))
+    return argv, stop_file, timings_file, result_file
+
+
 def test_collector_killed_under_load_loses_no_acknowledged_span(durable_stack, tmp_path):
     stack = durable_stack
     service = new_job_id("durable-crash")
-    stop_file, timings_file, result_file = tmp_path / "stop", tmp_path / "timings.jsonl", tmp_path / "result.json"
+    argv, stop_file, timings_file, result_file = _until_stopped(tmp_path)
     env = training_env(stack, service=service, job_id=new_job_id("durable-crash"))
-    argv = worker_argv("--steps", "100000", "--step-time", str(STEP_TIME_S), "--substeps", "2", "--stop-file", str(stop_file),
-                       "--timings", str(timings_file), "--result", str(result_file))
     with Training(argv, env=env, log=tmp_path / "worker.log") as worker:
         _wait_for_spans(stack, service, 30)
         stack.kill("collector")
@@ -162,14 +168,12 @@ SHORT_OUTAGE_S = 5.0
 
 def test_a_short_collector_outage_costs_the_sdk_nothing(durable_stack, tmp_path):
     """With the SDK's defaults (queue 2048 spans, OTLP retries within 10 s), a rank
-    making about 150 spans/s rides out a 5 s outage: nothing dropped, all in Jaeger."""
+    making about 100 spans/s rides out a 5 s outage: nothing dropped, all in Jaeger."""
     stack = durable_stack
     service = new_job_id("durable-outage")
-    stop_file, timings_file, result_file = tmp_path / "stop", tmp_path / "timings.jsonl", tmp_path / "result.json"
+    argv, stop_file, timings_file, result_file = _until_stopped(tmp_path)
     env = training_env(stack, service=service, job_id=service)
     env.pop("OTEL_BSP_SCHEDULE_DELAY")  # the SDK's default 5 s, not the tests' 200 ms
-    argv = worker_argv("--steps", "100000", "--step-time", str(STEP_TIME_S), "--substeps", "2", "--stop-file", str(stop_file),
-                       "--timings", str(timings_file), "--result", str(result_file))
     with Training(argv, env=env, log=tmp_path / "worker.log") as worker:
         _wait_for_spans(stack, service, 30)
         stack.kill("collector")
