@@ -3,9 +3,9 @@
 For each gateway count, starts the topology of scripts/stack/topology.py on loopback (Jaeger on
 Badger, the gateways, 2 agents finding them by DNS) in a temporary directory, then
 ``--senders`` processes send OTLP/gRPC export requests to the agents as fast as the agents
-take them, for ``--duration`` seconds. The requests are what the package's OTLP exporter
-sends: spans of ``TrainerProcess`` (``training.step`` with its substeps, one trace per
-``--spans-per-trace`` spans), encoded once with the SDK's OTLP encoder; each request gets
+take them, for ``--duration`` seconds. The requests are what an SDK's OTLP exporter sends:
+``training.step`` spans with ``training.substep`` children (``--spans-per-trace`` spans a
+trace), made by the OpenTelemetry SDK and encoded once with its OTLP encoder; each request gets
 fresh random trace ids (patched into the encoded bytes), so every trace is new to the
 gateways. Python SDK ranks cannot produce enough spans on a small machine to load a
 collector (bench/bench_collector_load.py: about 3,700 spans/s per rank); this sender does.
@@ -55,16 +55,10 @@ def encoded_request(traces: int, spans_per_trace: int) -> tuple[bytes, list[list
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    import otel_training
-
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "bench-gateways", "training.rank": 0,
                                                         "training.job.id": "bench-gateways"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    otel_training.configure(exporter="none", metrics=False, goodput=False, set_global=False,
-                            exception_hooks=False, signal_hooks=False)
-    from opentelemetry import trace
-
     tracer = provider.get_tracer("otel_training")
     for step in range(traces):
         with tracer.start_as_current_span("training.step", attributes={"training.step": step, "training.batch.size": 8}):
@@ -81,7 +75,6 @@ def encoded_request(traces: int, spans_per_trace: int) -> tuple[bytes, list[list
             found.append(at + 2)
             at = raw.find(needle, at + 1)
         offsets.append(found)
-    del trace
     return raw, offsets
 
 
