@@ -56,28 +56,91 @@ def records_from_jaeger(payload: dict[str, Any]) -> list[SpanRecord]:
     return records
 
 
-def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | None = None,
-          timeout_s: float = 60.0) -> tuple[list[SpanRecord], list[Problem]]:
-    """Spans of ``service`` from the Jaeger query API at ``url``; problems instead of exceptions."""
-    query: dict[str, Any] = {"service": service, "limit": limit}
-    if lookback_s is not None:
-        import time
+#: Traces per request at first: Jaeger's own default page (the UI's search limit).
+PAGE_TRACES = 100
 
-        end_us = int(time.time() * 1e6)
-        query.update(start=end_us - int(lookback_s * 1e6), end=end_us)
-    address = url.rstrip("/") + "/api/traces?" + urllib.parse.urlencode(query)
+
+def _latest_start_us(trace: dict[str, Any], service: str) -> int | None:
+    """The latest start among the trace's spans of ``service``: where Jaeger's search placed the trace."""
+    processes = {pid for pid, process in (trace.get("processes") or {}).items() if process.get("serviceName") == service}
+    starts = [int(span["startTime"]) for span in trace.get("spans") or () if span.get("processID") in processes]
+    return max(starts) if starts else None
+
+
+def _get(address: str, timeout_s: float) -> tuple[dict[str, Any] | None, Problem | None]:
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:  # noqa: S310 - a user-given URL
-            payload = json.load(response)
+            return json.load(response), None
     except urllib.error.HTTPError as error:
-        return [], [Problem(address, None, f"Jaeger answered HTTP {error.code}: {error.reason}")]
+        return None, Problem(address, None, f"Jaeger answered HTTP {error.code}: {error.reason}")
     except (urllib.error.URLError, OSError) as error:
-        return [], [Problem(address, None, f"cannot reach Jaeger: {getattr(error, 'reason', error)}")]
+        return None, Problem(address, None, f"cannot reach Jaeger: {getattr(error, 'reason', error)}")
     except ValueError as error:
-        return [], [Problem(address, None, f"not a Jaeger JSON answer: {error}")]
-    problems = [Problem(address, None, f"Jaeger error: {item.get('msg', item)}")
-                for item in payload.get("errors") or ()]
-    records = records_from_jaeger(payload)
+        return None, Problem(address, None, f"not a Jaeger JSON answer: {error}")
+
+
+def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | None = None,
+          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES,
+          now_s: float | None = None) -> tuple[list[SpanRecord], list[Problem]]:
+    """Spans of up to ``limit`` traces of ``service`` from the Jaeger query API at ``url``;
+    problems instead of exceptions.
+
+    Jaeger's search has no offset: it answers the traces whose latest span of
+    the service (up to the query's end) started last. So pages go back in
+    time: the next page ends where the previous one placed its oldest trace,
+    that microsecond included, and traces already read are skipped. A trace
+    spread over that instant comes back in the next page too and takes a
+    place in it; when a page brings nothing new (more traces overlap than a
+    page holds: many ranks' long segments), the page doubles. ``lookback_s``
+    bounds the range (default: Jaeger's own lookback, two days for Jaeger v2).
+    A job cut short by ``limit`` or by an unreadable page is reported as a
+    problem, never as a silently smaller report.
+    """
+    import time
+
+    end_us = int((time.time() if now_s is None else now_s) * 1e6)
+    start_us = None if lookback_s is None else end_us - int(lookback_s * 1e6)
+    seen: set[str] = set()
+    traces: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    page_end: int | None = None
+    page = max(1, page_traces)
+    address = ""
+    while len(traces) < limit:
+        query: dict[str, Any] = {"service": service, "limit": min(page, limit)}
+        if start_us is not None:
+            query["start"] = start_us
+        if page_end is not None or start_us is not None:
+            query["end"] = end_us if page_end is None else page_end
+        address = url.rstrip("/") + "/api/traces?" + urllib.parse.urlencode(query)
+        payload, problem = _get(address, timeout_s)
+        if problem is not None:
+            problems.append(problem)
+            break
+        assert payload is not None
+        problems += [Problem(address, None, f"Jaeger error: {item.get('msg', item)}") for item in payload.get("errors") or ()]
+        answer = payload.get("data") or []
+        fresh = [trace for trace in answer if trace.get("traceID") not in seen]
+        seen.update(trace.get("traceID") for trace in fresh)
+        traces += fresh[: limit - len(traces)]
+        if len(answer) < query["limit"]:
+            break  # the range is exhausted
+        placed = [start for start in (_latest_start_us(trace, service) for trace in answer) if start is not None]
+        if not placed:
+            problems.append(Problem(address, None, f"a full page of traces without a span of service {service!r}"))
+            break
+        if not fresh:
+            if query["limit"] >= limit:
+                problems.append(Problem(address, None, f"more than {query['limit']} traces overlap at "
+                                                       f"{min(placed)} µs: raise the limit to read them all"))
+                break
+            page *= 2
+            continue
+        page_end = min(placed)
+    else:
+        problems.append(Problem(address, None, f"stopped at {limit} traces (the limit): older traces of service "
+                                               f"{service!r} in the range may not have been read"))
+    records = records_from_jaeger({"data": traces})
     if not records:
         problems.append(Problem(address, None, f"no spans for service {service!r}"))
     return records, problems

@@ -5,7 +5,9 @@ Four processes, each from the same configuration files as docker-compose.yml
 (``collector-config/``), with only addresses, paths and intervals overridden:
 
 * the OpenTelemetry Collector built by ``scripts/stack/build.sh`` (``otel-collector.yaml``),
-* Jaeger v2 built by ``scripts/stack/build.sh`` (``jaeger.yaml``),
+  with its persistent sending queue in ``<run_dir>/collector-queue``,
+* Jaeger v2 built by ``scripts/stack/build.sh`` (``jaeger.yaml``), storing traces
+  in Badger under ``<run_dir>/jaeger-data``,
 * Prometheus from Debian's package (``prometheus.yml``, ``alert-rules.yml``),
 * Alertmanager from Debian's package (``alertmanager.yml``).
 
@@ -288,6 +290,116 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def spawn(proc: Proc, cwd: Path) -> None:
+    """Start ``proc`` in its own process group (so stopping it stops its children), output to its log."""
+    with open(proc.log, "ab") as log:
+        log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(proc.argv)}\n".encode())
+        log.flush()
+        proc.popen = subprocess.Popen(
+            proc.argv,
+            env=proc.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,  # own process group: stop() signals the group
+        )
+    proc.pid = proc.popen.pid
+
+
+def wait_healthy(proc: Proc, timeout: float) -> None:
+    """Wait until ``proc`` answers 200 on its health URL; a StackError with its log's tail if it exits or times out."""
+    def check() -> bool:
+        if not proc.running():
+            raise StackError(f"{proc.name} exited with code {proc.popen.poll() if proc.popen else '?'}")
+        return _http_ok(proc.health_url)
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except StackError as exc:
+            raise StackError(f"{exc}; log {proc.log}:\n{_tail(proc.log)}") from None
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise StackError(
+                f"{proc.name} not healthy at {proc.health_url} after {timeout:.0f}s; log {proc.log}:\n{_tail(proc.log)}"
+            )
+        time.sleep(0.1)
+
+
+def stop_procs(procs: Iterable[Proc], timeout: float = 10.0) -> None:
+    """SIGTERM every process group, SIGKILL what is left after ``timeout``, reap."""
+    procs = list(procs)
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        while p.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if p.running():
+            _signal_group(p, signal.SIGKILL)
+    for p in procs:
+        if p.popen is not None:
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def kill_proc(p: Proc, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+    """Send ``sig`` to one process group and wait for it to exit."""
+    _signal_group(p, sig)
+    wait_until(lambda: not p.running(), timeout=timeout, what=f"{p.name} to exit")
+    if p.popen is not None:
+        p.popen.wait(timeout=5)
+
+
+def jaeger_env(base_env: dict[str, str], *, otlp_grpc: str, otlp_http: str, query_http: str, query_grpc: str,
+               health: str, metrics_port: int, data_dir: Path, log_level: str) -> dict[str, str]:
+    """Jaeger's environment for collector-config/jaeger.yaml (addresses are host:port)."""
+    return dict(
+        base_env,
+        JAEGER_OTLP_GRPC_ENDPOINT=otlp_grpc,
+        JAEGER_OTLP_HTTP_ENDPOINT=otlp_http,
+        JAEGER_QUERY_HTTP_ENDPOINT=query_http,
+        JAEGER_QUERY_GRPC_ENDPOINT=query_grpc,
+        JAEGER_HEALTH_ENDPOINT=health,
+        JAEGER_METRICS_HOST=LOOPBACK,
+        JAEGER_METRICS_PORT=str(metrics_port),
+        JAEGER_BADGER_DIRECTORY=str(data_dir),
+        JAEGER_LOG_LEVEL=log_level,
+    )
+
+
+def collector_env(base_env: dict[str, str], *, otlp_grpc: str, otlp_http: str, health: str, telemetry_port: int,
+                  queue_dir: Path, log_level: str, prometheus: str | None = None, jaeger_otlp: str | None = None,
+                  alerts_file: Path | None = None, telemetry_host: str = LOOPBACK, **extra: str) -> dict[str, str]:
+    """A collector's environment for otel-collector.yaml, gateway.yaml or agent.yaml (addresses are host:port)."""
+    env = dict(
+        base_env,
+        OTELCOL_OTLP_GRPC_ENDPOINT=otlp_grpc,
+        OTELCOL_OTLP_HTTP_ENDPOINT=otlp_http,
+        OTELCOL_HEALTH_ENDPOINT=health,
+        OTELCOL_TELEMETRY_HOST=telemetry_host,
+        OTELCOL_TELEMETRY_PORT=str(telemetry_port),
+        OTELCOL_FILE_STORAGE_DIR=str(queue_dir),
+        OTELCOL_LOG_LEVEL=log_level,
+        **extra,
+    )
+    optional = {"OTELCOL_PROMETHEUS_ENDPOINT": prometheus, "JAEGER_OTLP_ENDPOINT": jaeger_otlp,
+                "OTELCOL_ALERTS_FILE": None if alerts_file is None else str(alerts_file)}
+    env.update({key: value for key, value in optional.items() if value is not None})
+    return env
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any collector, Jaeger or OpenTelemetry setting."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OTELCOL_", "JAEGER_", "OTEL_"))}
+
+
 class Stack:
     """The native stack. Use as a context manager, or call start()/stop()."""
 
@@ -369,6 +481,16 @@ class Stack:
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
+    @property
+    def jaeger_data_dir(self) -> Path:
+        """Jaeger's Badger store: kept across Jaeger restarts (and stack restarts on the same run dir)."""
+        return self.run_dir / "jaeger-data"
+
+    @property
+    def collector_queue_dir(self) -> Path:
+        """The collector's persistent sending queue (file_storage extension)."""
+        return self.run_dir / "collector-queue"
+
     def client_env(self) -> dict[str, str]:
         """Environment for a training process exporting to this stack."""
         return {
@@ -389,7 +511,8 @@ class Stack:
         assert self.binaries is not None
         p = self.ports = Ports.allocate()
         cfg = self.run_dir / "config"
-        for d in (cfg, self.log_dir, self.alerts_file.parent, self.run_dir / "prometheus-data", self.run_dir / "alertmanager-data"):
+        for d in (cfg, self.log_dir, self.alerts_file.parent, self.run_dir / "prometheus-data", self.run_dir / "alertmanager-data",
+                  self.collector_queue_dir, self.jaeger_data_dir):
             d.mkdir(parents=True, exist_ok=True)
         rules = cfg / "alert-rules.yml"
         rules.write_text(render_rules(for_override=self.rule_for_override, replacements=self.rule_replacements))
@@ -398,45 +521,34 @@ class Stack:
         )
         (cfg / "alertmanager.yml").write_text(render_alertmanager(self.webhook_url, fast=self.fast))
 
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTELCOL_", "JAEGER_", "OTEL_"))}
+        base_env = clean_env()
         lo = LOOPBACK
-        collector_env = dict(
-            base_env,
-            OTELCOL_OTLP_GRPC_ENDPOINT=f"{lo}:{p.otlp_grpc}",
-            OTELCOL_OTLP_HTTP_ENDPOINT=f"{lo}:{p.otlp_http}",
-            OTELCOL_HEALTH_ENDPOINT=f"{lo}:{p.collector_health}",
-            OTELCOL_PROMETHEUS_ENDPOINT=f"{lo}:{p.collector_prometheus}",
-            OTELCOL_TELEMETRY_HOST=lo,
-            OTELCOL_TELEMETRY_PORT=str(p.collector_telemetry),
-            JAEGER_OTLP_ENDPOINT=f"{lo}:{p.jaeger_otlp_grpc}",
-            OTELCOL_ALERTS_FILE=str(self.alerts_file),
+        collector = collector_env(
+            base_env, otlp_grpc=f"{lo}:{p.otlp_grpc}", otlp_http=f"{lo}:{p.otlp_http}",
+            health=f"{lo}:{p.collector_health}", prometheus=f"{lo}:{p.collector_prometheus}",
+            telemetry_port=p.collector_telemetry, jaeger_otlp=f"{lo}:{p.jaeger_otlp_grpc}",
+            alerts_file=self.alerts_file, queue_dir=self.collector_queue_dir, log_level=self.log_level,
             OTELCOL_SPANMETRICS_FLUSH_INTERVAL=self.spanmetrics_flush_interval,
-            OTELCOL_LOG_LEVEL=self.log_level,
         )
-        jaeger_env = dict(
-            base_env,
-            JAEGER_OTLP_GRPC_ENDPOINT=f"{lo}:{p.jaeger_otlp_grpc}",
-            JAEGER_OTLP_HTTP_ENDPOINT=f"{lo}:{p.jaeger_otlp_http}",
-            JAEGER_QUERY_HTTP_ENDPOINT=f"{lo}:{p.jaeger_query_http}",
-            JAEGER_QUERY_GRPC_ENDPOINT=f"{lo}:{p.jaeger_query_grpc}",
-            JAEGER_HEALTH_ENDPOINT=f"{lo}:{p.jaeger_health}",
-            JAEGER_METRICS_HOST=lo,
-            JAEGER_METRICS_PORT=str(p.jaeger_metrics),
-            JAEGER_LOG_LEVEL=self.log_level,
+        jaeger = jaeger_env(
+            base_env, otlp_grpc=f"{lo}:{p.jaeger_otlp_grpc}", otlp_http=f"{lo}:{p.jaeger_otlp_http}",
+            query_http=f"{lo}:{p.jaeger_query_http}", query_grpc=f"{lo}:{p.jaeger_query_grpc}",
+            health=f"{lo}:{p.jaeger_health}", metrics_port=p.jaeger_metrics, data_dir=self.jaeger_data_dir,
+            log_level=self.log_level,
         )
         b = self.binaries
         self.procs = {
             "jaeger": Proc(
                 "jaeger",
                 [str(b.jaeger), "--config", str(CONFIG_DIR / "jaeger.yaml")],
-                jaeger_env,
+                jaeger,
                 self.log_dir / "jaeger.log",
                 f"{self.jaeger_url}/api/services",
             ),
             "collector": Proc(
                 "collector",
                 [str(b.otelcol), "--config", str(CONFIG_DIR / "otel-collector.yaml")],
-                collector_env,
+                collector,
                 self.log_dir / "collector.log",
                 self.collector_health_url,
             ),
@@ -469,40 +581,10 @@ class Stack:
         }
 
     def _spawn(self, proc: Proc) -> None:
-        with open(proc.log, "ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(proc.argv)}\n".encode())
-            log.flush()
-            proc.popen = subprocess.Popen(
-                proc.argv,
-                env=proc.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.run_dir,
-                start_new_session=True,  # own process group: stop() signals the group
-            )
-        proc.pid = proc.popen.pid
+        spawn(proc, self.run_dir)
 
     def _wait_healthy(self, proc: Proc, timeout: float) -> None:
-        def check() -> bool:
-            if not proc.running():
-                raise StackError(f"{proc.name} exited with code {proc.popen.poll() if proc.popen else '?'}")
-            return _http_ok(proc.health_url)
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if check():
-                    return
-            except StackError as exc:
-                raise StackError(f"{exc}; log {proc.log}:\n{_tail(proc.log)}") from None
-            except OSError:
-                pass
-            if time.monotonic() >= deadline:
-                raise StackError(
-                    f"{proc.name} not healthy at {proc.health_url} after {timeout:.0f}s; log {proc.log}:\n{_tail(proc.log)}"
-                )
-            time.sleep(0.1)
+        wait_healthy(proc, timeout)
 
     def start(self, attempts: int = 3) -> "Stack":
         """Start all four processes and wait until each is healthy.
@@ -548,21 +630,7 @@ class Stack:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every process group we started, SIGKILL what is left after ``timeout``."""
-        procs = [p for p in reversed([self.procs[n] for n in COMPONENTS if n in self.procs])]
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            while p.running() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if p.running():
-                _signal_group(p, signal.SIGKILL)
-        for p in procs:
-            if p.popen is not None:
-                try:
-                    p.popen.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
+        stop_procs(reversed([self.procs[n] for n in COMPONENTS if n in self.procs]), timeout)
         state = self.run_dir / "stack.json"
         if state.exists():
             state.unlink()
@@ -570,11 +638,7 @@ class Stack:
     # -- single components (for failure tests) ------------------------------
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
         """Send ``sig`` to one component's process group and wait for it to exit."""
-        p = self.procs[name]
-        _signal_group(p, sig)
-        wait_until(lambda: not p.running(), timeout=timeout, what=f"{name} to exit")
-        if p.popen is not None:
-            p.popen.wait(timeout=5)
+        kill_proc(self.procs[name], sig, timeout)
 
     def restart(self, name: str) -> None:
         """(Re)start one component on its same ports and wait until it is healthy."""

@@ -46,8 +46,21 @@ def test_collector_configs_validate(stack_binaries, name):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-def test_jaeger_config_validates(stack_binaries):
-    proc = _validate(stack_binaries.jaeger, CONFIG / "jaeger.yaml")
+def test_agent_dns_overlay_validates(stack_binaries):
+    proc = subprocess.run([str(stack_binaries.otelcol), "validate", f"--config={CONFIG / 'agent.yaml'}",
+                           f"--config={CONFIG / 'agent-dns.yaml'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+#: Jaeger's configs: Badger (the stack's), OpenSearch (past one node, docs/scale.md; validated only).
+JAEGER_CONFIGS = ["jaeger.yaml", "jaeger-opensearch.yaml"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", JAEGER_CONFIGS)
+def test_jaeger_config_validates(stack_binaries, name):
+    proc = _validate(stack_binaries.jaeger, CONFIG / name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -74,11 +87,17 @@ def test_validate_rejects_broken_config(stack_binaries, tmp_path, mutation):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-def test_jaeger_validate_rejects_broken_config(stack_binaries, tmp_path):
-    src = (CONFIG / "jaeger.yaml").read_text()
+@pytest.mark.parametrize("name,old,new", [
+    ("jaeger.yaml", "enable_tracing: false", "enable_tracingg: false"),
+    ("jaeger.yaml", "ephemeral: false", "ephemeral: maybe"),
+    ("jaeger-opensearch.yaml", "max_actions: 5000", "max_actionz: 5000"),
+    ("jaeger-opensearch.yaml", ":-[https://opensearch:9200]}", ":-[not a url]}"),
+], ids=["unknown-field", "badger-bad-value", "opensearch-unknown-field", "opensearch-bad-url"])
+def test_jaeger_validate_rejects_broken_config(stack_binaries, tmp_path, name, old, new):
+    src = (CONFIG / name).read_text()
     broken = tmp_path / "jaeger-broken.yaml"
-    broken.write_text(src.replace("enable_tracing: false", "enable_tracingg: false", 1))
-    assert broken.read_text() != src
+    assert old in src
+    broken.write_text(src.replace(old, new, 1))
     proc = _validate(stack_binaries.jaeger, broken)
     assert proc.returncode != 0, f"jaeger validate accepted a broken config:\n{proc.stdout}{proc.stderr}"
 
@@ -97,6 +116,7 @@ def test_collector_has_exactly_the_manifest_components(stack_binaries):
     assert {"otlp_grpc", "otlp_http"} <= names["exporters"] or {"otlp", "otlphttp"} <= names["exporters"]
     assert {"span_metrics", "count", "routing", "forward"} <= names["connectors"]
     assert {"health_check", "bearertokenauth"} <= names["extensions"]  # bearertokenauth: otlp-tls-auth.yaml
+    assert "file_storage" in names["extensions"]  # persistent sending queues
     assert comps["buildinfo"]["version"] == _manifest_version()
 
 
@@ -180,6 +200,8 @@ def stack_mod_paths():
 # --------------------------------------------------------------------------
 #: The collector and Jaeger configs (builder-config.yaml is the build manifest).
 SERVICE_CONFIGS = [*COLLECTOR_CONFIGS, "jaeger.yaml"]
+#: Checked on the file only: Jaeger on OpenSearch does not start without a cluster.
+STATIC_ONLY_CONFIGS = ["jaeger-opensearch.yaml"]
 _ENV_REF = re.compile(r"\$\{env:(\w+)(?::-([^}]*))?\}")
 
 
@@ -231,7 +253,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("name", SERVICE_CONFIGS)
+@pytest.mark.parametrize("name", [*SERVICE_CONFIGS, *STATIC_ONLY_CONFIGS])
 def test_shipped_configs_listen_on_loopback_by_default(name):
     """Outside a container nothing is set: every listener must then be loopback
     (docker-compose.yml sets the addresses to 0.0.0.0 inside its containers)."""
@@ -283,7 +305,10 @@ def test_binaries_listen_on_loopback_only_by_default(stack_binaries, tmp_path, n
     binary = stack_binaries.jaeger if name == "jaeger.yaml" else stack_binaries.otelcol
     expected_ports = {int(a.rsplit(":", 1)[1]) for a in _listen_addresses(yaml.safe_load((CONFIG / name).read_text())).values()}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTELCOL_", "JAEGER_", "OTEL_"))}
-    env["OTELCOL_ALERTS_FILE"] = str(tmp_path / "alerts.jsonl")  # not an address: the default path needs root
+    # Not addresses: the default paths are system directories.
+    env["OTELCOL_ALERTS_FILE"] = str(tmp_path / "alerts.jsonl")
+    env["OTELCOL_FILE_STORAGE_DIR"] = str(tmp_path / "queue")
+    env["JAEGER_BADGER_DIRECTORY"] = str(tmp_path / "badger")
     log = tmp_path / "service.log"
     own_netns = os.readlink("/proc/self/ns/net")
     with open(log, "wb") as out:
