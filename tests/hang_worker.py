@@ -4,7 +4,7 @@ Started once per rank with torchrun's variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT); configured from ``OTEL_TRAINING_*``/``OTEL_*``
 variables and auto-instrumented by ``TorchInstrumentor``. Each step: fetch a
 batch, forward, backward (DDP's reducer all-reduces the gradients from C++),
-optimizer step, then an ``all_gather`` of the loss for logging.
+an ``all_gather`` of the loss for logging, optimizer step.
 
 ``--scenario`` at ``--at-step K`` (``--culprit R`` is the rank that misbehaves):
 
@@ -80,12 +80,12 @@ def main() -> int:
             pass
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
         if args.scenario == "skip" and rank == args.culprit and step == args.at_step:
             print(f"HANG rank={rank} step={step}", flush=True)  # skips the all_gather below
         else:
             dist.all_gather(losses, loss.detach().reshape(1))
+        optimizer.step()
+        optimizer.zero_grad()
         if args.scenario == "healthy" and step % 6 == 0 and step:
             if rank == 0:
                 torch.save(model.state_dict(), checkpoint)
