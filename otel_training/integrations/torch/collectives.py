@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training._contain import contained
+from otel_training._contain import contained, log_once
 
 #: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
 HOOK_ID = 0x07E1_0017
@@ -56,7 +56,7 @@ class GroupState:
     """One process group as this rank sees it; written by the hooks, read by anyone."""
 
     __slots__ = ("name", "backend", "entered", "op", "args", "op_id", "entered_ns", "step", "completed",
-                 "work", "work_seq", "__weakref__")
+                 "work", "work_seq", "previous", "previous_seq", "__weakref__")
 
     def __init__(self, name: str, backend: str) -> None:
         self.name = name
@@ -70,15 +70,18 @@ class GroupState:
         self.completed = 0
         self.work: Any = None
         self.work_seq = 0
+        self.previous: Any = None
+        self.previous_seq = 0
 
     def poll(self) -> None:
-        """Advance ``completed`` if the last collective's Work says it finished."""
-        work, seq = self.work, self.work_seq
-        if work is not None and work.is_completed():
-            if seq > self.completed:
-                self.completed = seq
-            if self.work is work:
-                self.work = None
+        """Advance ``completed`` by the Works of the last two collectives that say they finished."""
+        for slot in ("previous", "work"):
+            work, seq = (self.previous, self.previous_seq) if slot == "previous" else (self.work, self.work_seq)
+            if work is not None and work.is_completed():
+                if seq > self.completed:
+                    self.completed = seq
+                if getattr(self, slot) is work:
+                    setattr(self, slot, None)
 
     @property
     def pending(self) -> bool:
@@ -139,27 +142,35 @@ class CollectiveTracker:
             backend = ""
         state = GroupState(name, backend)
         sequence = pg._get_sequence_number_for_group  # noqa: SLF001 - torch's per-group counter
-        clock, step_number, p2p = time.monotonic_ns, self.step_number, _P2P
+        clock, step_number, p2p = time.monotonic_ns, self.step_number, _p2p_values()
 
+        # The hot path: run for every collective on the issuing thread, so no frame more
+        # than needed (an exception is still contained: a failing hook would fail the collective).
         def pre(args: Any) -> None:
-            op = args.name
-            if op.name in p2p:
-                return
-            work = state.work
-            if work is not None and work.is_completed():  # the previous one, before its Work is replaced
-                state.completed = state.work_seq
-            state.entered = sequence() + 1
-            state.op, state.args, state.op_id = op, args, args.op_id
-            state.entered_ns = clock()
-            state.step = step_number()
-            self.last = state
+            try:
+                op = args.name
+                if int(op) in p2p:
+                    return
+                state.entered = sequence() + 1
+                state.op, state.args, state.op_id = op, args, args.op_id
+                state.entered_ns = clock()
+                state.step = step_number()
+                self.last = state
+            except Exception:  # noqa: BLE001
+                _hook_failed("pre")
 
         def post(args: Any) -> None:
-            if args.op_id == state.op_id:
-                state.work, state.work_seq = args.work, state.entered
+            try:
+                if args.op_id == state.op_id:
+                    # the previous one is kept too: DDP's bucket all-reduces overlap, and the
+                    # earlier one's completion must not wait for a poll that never sees it
+                    state.previous, state.previous_seq = state.work, state.work_seq
+                    state.work, state.work_seq = args.work, state.entered
+            except Exception:  # noqa: BLE001
+                _hook_failed("post")
 
-        pg.register_pre_hook(HOOK_ID, _guard(pre))
-        pg.register_post_hook(HOOK_ID, _guard(post))
+        pg.register_pre_hook(HOOK_ID, pre)
+        pg.register_post_hook(HOOK_ID, post)
         self.groups[name] = state
         self._step_start[name] = state.entered
         self._attached.append((pg, state))
@@ -293,9 +304,17 @@ def _callback(rows_for: Callable[[str], Iterable[Any]], metric: str) -> Callable
     return callback
 
 
-def _guard(hook: Callable[[Any], None]) -> Callable[[Any], None]:
-    """A hook that raises would fail the user's collective: contain it (logged once)."""
-    return contained(default=None)(hook)
+def _hook_failed(where: str) -> None:
+    log_once(f"collectives:{where}", "otel_training: internal error in the collective %s-hook; training continues",
+             where)
+
+
+def _p2p_values() -> frozenset[int]:
+    """HookOpName values of point-to-point ops (not tracked: they have no group-wide order)."""
+    import torch._C._distributed_c10d as c10d
+
+    names = getattr(c10d, "HookOpName", None)
+    return frozenset(int(getattr(names, name)) for name in _P2P if names is not None and hasattr(names, name))
 
 
 def describe(state: GroupState, wait: bool = False) -> dict[str, Any]:
