@@ -84,26 +84,20 @@ def _pages(notifications: list[dict]) -> set[tuple[str, str]]:
             if a["labels"].get("severity") == "page"}
 
 
-def test_the_sleeping_rank_is_named_in_one_page(hang_stack, alert_webhook, tmp_path):
+@pytest.mark.parametrize(("scenario", "culprit", "reason", "culprit_op", "waiting_op"), [
+    ("sleeper", 1, "not_entered", "allgather", "allreduce"),  # asleep before its forward pass
+    ("skip", 2, "mismatch", "allreduce", "allgather"),  # skipped the loss all_gather
+])
+def test_the_culprit_is_named_in_one_page(hang_stack, alert_webhook, tmp_path, scenario, culprit, reason,
+                                          culprit_op, waiting_op):
     alert, notifications, delay = _run(hang_stack, alert_webhook, tmp_path, 3,
-                                       ["--scenario", "sleeper", "--culprit", "1"], "TrainingHangCulprit")
-    assert alert["labels"]["training_rank"] == "1" and alert["labels"]["reason"] == "not_entered", alert
-    assert "It last entered allgather" in alert["annotations"]["description"]
-    assert "rank 0 in allreduce" in alert["annotations"]["description"]
-    assert _pages(notifications) == {("TrainingHangCulprit", "1")}, notifications
+                                       ["--scenario", scenario, "--culprit", str(culprit)], "TrainingHangCulprit")
+    assert alert["labels"]["training_rank"] == str(culprit) and alert["labels"]["reason"] == reason, alert
+    assert f"It last entered {culprit_op}" in alert["annotations"]["description"]
+    assert f"rank 0 in {waiting_op}" in alert["annotations"]["description"]
+    assert _pages(notifications) == {("TrainingHangCulprit", str(culprit))}, notifications
     assert delay < BOUND_S + SLACK_S, f"notified {delay:.1f} s after the stuck reports (bound {BOUND_S} s)"
-    print(f"sleeper: culprit page {delay:.1f} s after the stuck reports (bound {BOUND_S} s + slack)")
-
-
-def test_the_rank_that_skipped_a_collective_is_named_in_one_page(hang_stack, alert_webhook, tmp_path):
-    alert, notifications, delay = _run(hang_stack, alert_webhook, tmp_path, 3,
-                                       ["--scenario", "skip", "--culprit", "2"], "TrainingHangCulprit")
-    assert alert["labels"]["training_rank"] == "2" and alert["labels"]["reason"] == "mismatch", alert
-    assert "It last entered allreduce" in alert["annotations"]["description"]
-    assert "rank 0 in allgather" in alert["annotations"]["description"]
-    assert _pages(notifications) == {("TrainingHangCulprit", "2")}, notifications
-    assert delay < BOUND_S + SLACK_S, f"notified {delay:.1f} s after the stuck reports (bound {BOUND_S} s)"
-    print(f"skip: culprit page {delay:.1f} s after the stuck reports")
+    print(f"{scenario}: culprit page {delay:.1f} s after the stuck reports (bound {BOUND_S} s + slack)")
 
 
 def test_a_sigkilled_rank_pages_once_as_died(hang_stack, alert_webhook, tmp_path):
