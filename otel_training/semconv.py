@@ -287,3 +287,50 @@ METRIC_STEP_SAMPLES_RATE: Final = "training.step.samples_per_second"
 #: This rank's individual straggler score now: its best window's median step time over its current
 #: window's (1.0: as fast as it has been; below 0.75: a straggler by NVRx's default).
 METRIC_STEP_STRAGGLER_INDIVIDUAL: Final = "training.step.straggler.individual"
+
+# --------------------------------------------------------------------------
+# Collectives and the job-level hang verdict (issue 17, docs/hang-diagnosis.md).
+# One rank's view of its process groups: the last collective it entered and the
+# last it knows completed. Sequence numbers are torch's per-group collective
+# counters (the flight recorder's ``collective_seq_id``), so ranks compare.
+# --------------------------------------------------------------------------
+#: The process group (torch's ``group_name``: "0" is the default group).
+COLLECTIVE_GROUP: Final = "training.collective.group"
+#: The collective's operation as the backend dispatches it ("allreduce", "allgather_base", "barrier").
+COLLECTIVE_OP: Final = "training.collective.op"
+#: Sequence number of the last collective this rank entered on the group.
+COLLECTIVE_SEQ: Final = "training.collective.seq"
+#: Sequence number of the last collective this rank knows completed on the group (on the device for NCCL).
+COLLECTIVE_COMPLETED_SEQ: Final = "training.collective.completed_seq"
+#: Input bytes of the last collective entered.
+COLLECTIVE_BYTES: Final = "training.collective.bytes"
+#: True while the last collective entered is not known to have completed.
+COLLECTIVE_PENDING: Final = "training.collective.pending"
+#: Seconds since this rank entered its pending collective (0 when none is pending).
+COLLECTIVE_WAIT_S: Final = "training.collective.wait_s"
+#: The step (``training.step``) in which the last collective was entered.
+COLLECTIVE_STEP: Final = "training.collective.step"
+#: Collectives this rank entered during a step (on a step span).
+STEP_COLLECTIVES: Final = "training.step.collectives"
+#: On a stuck alert: the flight recorder's entries still in flight (JSON, bounded).
+COLLECTIVE_FLIGHT_RECORDER: Final = "training.collective.flight_recorder"
+#: On a stuck alert: why the flight recorder's entries are missing (off, unsupported).
+COLLECTIVE_FLIGHT_RECORDER_ERROR: Final = "training.collective.flight_recorder.error"
+
+#: Gauge: the last collective entered, per group, labelled with its op.
+METRIC_COLLECTIVE_ENTERED: Final = "training.collective.entered"
+#: Gauge: the last collective known completed, per group.
+METRIC_COLLECTIVE_COMPLETED: Final = "training.collective.completed"
+#: Gauge: seconds inside the pending collective, per group (0: none pending).
+METRIC_COLLECTIVE_WAIT: Final = "training.collective.wait"
+#: Gauge: the step in which the last collective was entered, per group.
+METRIC_COLLECTIVE_STEP: Final = "training.collective.step"
+#: Gauge: Unix time of the observation, taken by the metric reader's thread: it keeps moving
+#: while the training thread is blocked in a collective, and stops when the process is dead or frozen.
+METRIC_HEARTBEAT: Final = "training.heartbeat"
+
+#: Why the verdict names a rank: it has not entered the collective the others wait in, it entered a
+#: different one at the same sequence number, or it stopped sending heartbeats (dead or frozen).
+HANG_REASON_NOT_ENTERED: Final = "not_entered"
+HANG_REASON_MISMATCH: Final = "mismatch"
+HANG_REASON_NO_HEARTBEAT: Final = "no_heartbeat"

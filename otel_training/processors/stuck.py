@@ -49,6 +49,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from otel_training import semconv as sc
 from otel_training._sdk_compat import span_pipeline, tracer_for_pipeline
+from otel_training.processors import alert_context
 from otel_training.processors.thresholds import AdaptiveSettings, Threshold, ThresholdLearner
 
 logger = logging.getLogger("otel_training")
@@ -421,6 +422,8 @@ class StuckSpanProcessor(SpanProcessor):
         if parent_attributes and sc.EPOCH in parent_attributes:
             attributes[sc.EPOCH] = parent_attributes[sc.EPOCH]
         attributes.update(span.attributes or {})
+        if kind == sc.ALERT_KIND_STUCK:
+            attributes.update(alert_context.collect())  # e.g. the collective this rank is inside
         attributes.update({
             sc.ALERT_KIND: kind,
             sc.ALERT_SOURCE: sc.ALERT_SOURCE_PROCESSOR,

@@ -7,6 +7,11 @@ variables that ``configure()`` reads; in a dormant process (a rank started with
 ``torch.multiprocessing.spawn``, which gets its rank as an argument),
 ``init_process_group`` claims the process with the rank and world size it is
 given.
+
+After ``init_process_group`` every process group's collectives are tracked
+(``collectives.CollectiveTracker``): the step spans, the stuck alerts and five
+gauges carry the last collective each group entered and completed, which is
+what the job-level hang verdict compares across ranks (docs/hang-diagnosis.md).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
+from otel_training.integrations.torch.collectives import CollectiveTracker, supported
 from otel_training.integrations.torch.steps import SOURCE, StepTracker
+from otel_training.processors import alert_context
 
 #: Span name of each wrapped ``torch.distributed`` function, and whether it is
 #: an iteration boundary (setup and teardown close a finished step first).
@@ -70,6 +77,8 @@ def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
     def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if function == "init_process_group" and tracker.inert:
             tracker.wake(*init_rank(wrapped, args, kwargs))
+        if function == "destroy_process_group":
+            _untrack(tracker, args, kwargs)
         token = _begin(tracker, span_name, boundary, function, args, kwargs)
         try:
             result = wrapped(*args, **kwargs)
@@ -77,9 +86,40 @@ def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
             tracker.span_end(token, error)
             raise
         _end(tracker, token, function)
+        if function == "init_process_group":
+            _track(tracker)
         return result
 
     return wrap
+
+
+@contained(default=None)
+def _track(tracker: StepTracker) -> None:
+    """Track the default group's collectives (later groups are picked up at step ends), and
+    export the gauges through the pipeline the tracker records into."""
+    if tracker.inert or not supported():
+        return
+    import torch.distributed as dist
+
+    collectives = tracker.collectives
+    if collectives is None:
+        collectives = CollectiveTracker(step_number=lambda: tracker._number)  # noqa: SLF001
+        tracker.collectives = collectives
+        alert_context.add(collectives.alert_attributes)
+    collectives.attach(dist.group.WORLD)
+    from otel_training.config.telemetry import get_telemetry
+
+    telemetry = get_telemetry()
+    if telemetry is not None and not telemetry.disabled:
+        collectives.register_gauges(telemetry.meter)
+
+
+@contained(default=None)
+def _untrack(tracker: StepTracker, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Unhook before torch destroys the group(s): the hooks hold the group alive."""
+    if tracker.collectives is not None:
+        group = args[0] if args else kwargs.get("group")
+        tracker.collectives.detach(group)
 
 
 @contained(default=None)

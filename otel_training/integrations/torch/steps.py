@@ -92,6 +92,8 @@ class StepTracker:
         self._telemetry: Any = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
+        #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
+        self.collectives: Any = None
         self._reset()
 
     def _reset(self) -> None:
@@ -177,6 +179,8 @@ class StepTracker:
             sc.STEP_SKIPPED: self._optimizer_steps == 0,
             sc.STEP_DATA_WAIT_S: self._wait_ns / 1e9,
         })
+        if self.collectives is not None:
+            step.extra_args(**self.collectives.step_attributes())
         if substeps >= 2:
             start = self._start_ns
             for index, end in enumerate(self._backward_ends):
@@ -346,6 +350,8 @@ class StepTracker:
     def shutdown(self) -> None:
         self.close()
         self._disarm_forward()
+        if self.collectives is not None:
+            self.collectives.close()
 
 
 def _exhausted(iterator: Any) -> bool:

@@ -1,0 +1,254 @@
+"""The job-level hang verdict: which rank is the culprit, and in which collective.
+
+When a distributed job hangs, every rank stops and every rank's stuck detector
+fires. Each rank knows only its own side: the last collective it entered on
+each process group and the last it knows completed (``training.collective.*``
+on its step spans, stuck alerts and gauges). Compared across the ranks of one
+job, they answer the question on call:
+
+* a rank that has **not entered** the collective the others wait in (its
+  sequence number lags theirs) is the culprit, stuck in data loading or
+  compute (its stuck alert carries the stacks);
+* a rank that entered a **different** collective at the same sequence number
+  (another op, another step) skipped or added one: an unmatched collective;
+* a rank with **no heartbeat** (dead or frozen) is the culprit of the ranks
+  waiting for it;
+* when every rank waits in the same collective, or every rank is stuck at the
+  same point outside one, there is **no single culprit** (network, switch,
+  shared storage).
+
+The same rules run live as Prometheus rules (collector-config/alert-rules.yml);
+this module is the offline one, a pure function over records, used by the
+report. ``render`` turns a verdict into the lines the report prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training.analysis.records import SpanRecord
+
+#: Steps of each rank shown in the timeline around the hang.
+TIMELINE_STEPS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupView:
+    """One rank's view of one process group."""
+
+    group: str
+    entered: int
+    completed: int
+    op: str = ""
+    step: int | None = None
+    wait_s: float = 0.0
+
+    @property
+    def pending(self) -> bool:
+        return self.entered > self.completed
+
+
+@dataclasses.dataclass(frozen=True)
+class RankView:
+    """One rank at the moment of the verdict."""
+
+    rank: int
+    groups: Mapping[str, GroupView] = dataclasses.field(default_factory=dict)
+    #: Its heartbeat is fresh (live), or it has not been reported dead (offline).
+    alive: bool = True
+    #: The watchdog reported it died.
+    died: bool = False
+    #: Its stuck detector reported a step past its threshold that has not recovered.
+    stuck: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Culprit:
+    rank: int
+    reason: str
+    group: str = ""
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """``hung`` False: nothing to say. Else ``culprits``, or ``no_single_culprit``."""
+
+    hung: bool
+    culprits: tuple[Culprit, ...] = ()
+    no_single_culprit: bool = False
+    #: The collective the others wait in (group, sequence number, op), when there is one.
+    group: str | None = None
+    seq: int | None = None
+    op: str | None = None
+    #: Waiting rank -> the culprit ranks it waits on.
+    waiting: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    summary: str = ""
+
+
+def verdict(ranks: Iterable[RankView]) -> Verdict:
+    """The verdict over the ranks of one job (one launch attempt)."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    silent = [r for r in ranks if r.died or not r.alive]
+    live = [r for r in ranks if not (r.died or not r.alive)]
+    waiting_anywhere = any(g.pending for r in live for g in r.groups.values())
+    if not (any(r.stuck for r in ranks) or any(r.died for r in ranks) or (silent and waiting_anywhere)):
+        return Verdict(hung=False, summary="no hang: no rank is stuck or dead")
+    culprits: list[Culprit] = [
+        Culprit(r.rank, sc.HANG_REASON_NO_HEARTBEAT, detail="died" if r.died else "no heartbeat (dead or frozen)")
+        for r in silent
+    ]
+    best: tuple[int, str, int, str] | None = None  # (waiters, group, seq, op)
+    for group in sorted({name for r in live for name in r.groups}):
+        views = {r.rank: r.groups[group] for r in live if group in r.groups}
+        top = max(v.entered for v in views.values())
+        at_top = {rank: v for rank, v in views.items() if v.entered == top}
+        waiters = [rank for rank, v in at_top.items() if v.pending]
+        if not waiters:
+            continue
+        ops = Counter(v.op for v in at_top.values())
+        majority = _majority(ops, at_top)
+        if best is None or len(waiters) > best[0]:
+            best = (len(waiters), group, top, majority)
+        for rank, v in views.items():
+            if v.entered < top:
+                culprits.append(Culprit(rank, sc.HANG_REASON_NOT_ENTERED, group, (
+                    f"last entered {v.op or '?'} #{v.entered}{_at_step(v)}, completed #{v.completed}; has not entered "
+                    f"{majority} #{top} on group {group}")))
+            elif v.op != majority:
+                others = sorted(r for r, o in at_top.items() if o.op == majority)
+                culprits.append(Culprit(rank, sc.HANG_REASON_MISMATCH, group, (
+                    f"entered {v.op or '?'} #{top}{_at_step(v)} where rank(s) {_ranks(others)} entered {majority} "
+                    f"#{top}{_at_step(at_top[others[0]])} on group {group}")))
+    culprit_ranks = tuple(sorted({c.rank for c in culprits}))
+    group, seq, op = (best[1], best[2], best[3]) if best is not None else (None, None, None)
+    if culprit_ranks:
+        waiting = {r.rank: culprit_ranks for r in live
+                   if r.rank not in culprit_ranks and any(g.pending for g in r.groups.values())}
+        summary = "; ".join(f"rank {c.rank} ({c.reason}: {c.detail})" for c in culprits)
+        return Verdict(True, tuple(culprits), False, group, seq, op, waiting, f"culprit {summary}")
+    if best is not None:
+        summary = (f"no single culprit: every rank waits in {op} #{seq} on group {group} "
+                   "(the network or a switch, or a collective every rank entered)")
+    else:
+        summary = ("no single culprit: every rank is stuck outside collectives at the same point "
+                   "(a shared cause: storage, the data pipeline, a checkpoint)")
+    return Verdict(True, (), True, group, seq, op, {}, summary)
+
+
+def _majority(ops: Counter[str], at_top: Mapping[int, GroupView]) -> str:
+    """The op most ranks entered; a tie goes to the ranks behind in steps (the one ahead skipped)."""
+    def key(op: str) -> tuple[int, float]:
+        steps = [v.step for v in at_top.values() if v.op == op and v.step is not None]
+        return (-ops[op], min(steps) if steps else float("inf"))
+
+    return min(ops, key=key)
+
+
+def _at_step(view: GroupView) -> str:
+    return f" (step {view.step})" if view.step is not None else ""
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+# --------------------------------------------------------------------------
+# From records (the report) and from attributes
+# --------------------------------------------------------------------------
+def group_view(attributes: Mapping[str, Any]) -> GroupView | None:
+    """The collective attributes of a step span or a stuck alert, if it has them."""
+    if sc.COLLECTIVE_SEQ not in attributes:
+        return None
+    step = attributes.get(sc.COLLECTIVE_STEP)
+    return GroupView(
+        group=str(attributes.get(sc.COLLECTIVE_GROUP, "")),
+        entered=int(attributes[sc.COLLECTIVE_SEQ]),
+        completed=int(attributes.get(sc.COLLECTIVE_COMPLETED_SEQ, 0) or 0),
+        op=str(attributes.get(sc.COLLECTIVE_OP, "")),
+        step=int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None,
+        wait_s=float(attributes.get(sc.COLLECTIVE_WAIT_S, 0.0) or 0.0),
+    )
+
+
+@dataclasses.dataclass
+class _Rank:
+    view: GroupView | None = None
+    view_ns: int = -1
+    stuck_open: int = 0
+    died: bool = False
+    timeline: list[tuple[int, int, GroupView]] = dataclasses.field(default_factory=list)
+
+
+def verdicts_from_records(records: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[Verdict, dict[int, list[str]]]]:
+    """Per (job id, run id): the verdict, and each rank's timeline of its last collectives.
+
+    Reads step spans and alert spans only: the report needs to keep, per rank,
+    its last ``TIMELINE_STEPS`` step spans and its alert spans (their
+    ``training.collective.*`` attributes). A stuck alert's view (taken while the
+    rank was stuck) wins over the last step's.
+    """
+    runs: dict[tuple[str, str], dict[int, _Rank]] = defaultdict(lambda: defaultdict(_Rank))
+    for record in records:
+        if record.name not in (sc.SPAN_STEP, sc.SPAN_ALERT):
+            continue
+        rank = runs[(record.run.job_id, record.run.run_id)][record.run.rank]
+        attributes = record.attributes
+        view = group_view(attributes)
+        if record.name == sc.SPAN_STEP:
+            if view is not None:
+                step = attributes.get(sc.STEP)
+                rank.timeline.append((record.end_ns, int(step) if isinstance(step, int) else -1, view))
+                if rank.stuck_open == 0 and record.end_ns > rank.view_ns:
+                    rank.view, rank.view_ns = view, record.end_ns
+            continue
+        kind = attributes.get(sc.ALERT_KIND)
+        if kind == sc.ALERT_KIND_DIED:
+            rank.died = True
+        elif kind == sc.ALERT_KIND_STUCK and not attributes.get(sc.ALERT_REPEAT):
+            rank.stuck_open += 1
+            if view is not None:
+                rank.view, rank.view_ns = view, max(rank.view_ns, record.start_ns)
+        elif kind == sc.ALERT_KIND_RECOVERED:
+            rank.stuck_open = max(0, rank.stuck_open - 1)
+    result = {}
+    for key, by_rank in runs.items():
+        views = [RankView(number, {r.view.group: r.view} if r.view is not None else {}, died=r.died,
+                          stuck=r.stuck_open > 0) for number, r in by_rank.items()]
+        timelines = {number: _timeline(r) for number, r in by_rank.items()}
+        result[key] = (verdict(views), timelines)
+    return result
+
+
+def _timeline(rank: _Rank) -> list[str]:
+    lines = []
+    for _end, step, view in sorted(rank.timeline)[-TIMELINE_STEPS:]:
+        lines.append(f"step {step}: last entered {view.op} #{view.entered}, completed #{view.completed}")
+    if rank.view is not None and rank.stuck_open and rank.view.pending:
+        lines.append(f"stuck: inside {rank.view.op} #{rank.view.entered} on group {rank.view.group} "
+                     f"for {rank.view.wait_s:.1f} s")
+    elif rank.stuck_open:
+        lines.append("stuck: outside any collective")
+    if rank.died:
+        lines.append("died")
+    return lines
+
+
+def render(result: Verdict, timelines: Mapping[int, list[str]] | None = None) -> list[str]:
+    """The report's lines for one job: the verdict, who waits on whom, each rank's timeline."""
+    if not result.hung:
+        return []
+    lines = [f"Hang verdict: {result.summary}"]
+    waits: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for rank, culprits in sorted(result.waiting.items()):
+        waits[culprits].append(rank)
+    for culprits, ranks in waits.items():
+        lines.append(f"  rank(s) {_ranks(ranks)} waiting on rank {_ranks(culprits)}")
+    for rank, timeline in sorted((timelines or {}).items()):
+        if timeline:
+            lines.append(f"  rank {rank}: " + "; ".join(timeline))
+    return lines

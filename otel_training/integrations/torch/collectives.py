@@ -1,0 +1,379 @@
+"""Per rank, per process group: the last collective entered and the last known completed.
+
+When a distributed job hangs every rank stops, and the one question is which
+rank is the culprit. Each rank answers its part cheaply, live: the sequence
+number, op and size of the last collective it entered on each process group,
+and the last one it knows completed. Ranks of one job then compare (the
+Prometheus rules, ``analysis.hang``): a rank that has not entered the
+collective the others wait in, or entered a different one, is the culprit.
+
+Where it comes from: torch's ProcessGroup pre/post collective hooks (torch
+with ``ProcessGroup.register_pre_hook``). They fire in the dispatcher for
+every collective issued through the group, from Python (``all_reduce``,
+``all_gather_into_tensor``, ...) or from C++ (DDP's reducer), on the issuing
+thread. Sequence numbers are torch's own per-group counter (the flight
+recorder's ``collective_seq_id``), so ranks compare even if tracking began at
+different times. Point-to-point ops are not tracked.
+
+What "completed" means: the ``Work`` of the last collective issued is kept (one
+per group) and asked ``is_completed()`` when someone looks (the metric
+reader's thread, a step's end, a stuck alert). For gloo that is the host
+finishing the exchange; for NCCL it is the collective finishing *on the
+device* (its CUDA event), which is later than the host call's return: an NCCL
+call returns once launched. Collectives of one group complete in order, so the
+last one completing vouches for the earlier ones.
+
+Costs on the issuing thread (``bench/bench_collectives.py``): two Python calls
+from C++ per collective; no span, no lock, no allocation beyond the hook's
+arguments. The ``Work`` and the hook's arguments of the last collective are
+kept until the next one on the group (the size is computed from them only when
+read), so the last collective's input tensors stay alive that long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training._contain import contained, log_once
+
+#: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
+HOOK_ID = 0x07E1_0017
+#: The flight recorder's in-flight entries put on a stuck alert: at most this many, this many characters.
+MAX_FR_ENTRIES = 16
+MAX_FR_CHARS = 8192
+_FR_FIELDS = ("collective_seq_id", "profiling_name", "state", "input_sizes", "output_sizes",
+              "time_created_ns", "time_discovered_started_ns", "process_group", "timeout_ms")
+_P2P = frozenset({"SEND", "RECV"})
+
+
+class GroupState:
+    """One process group as this rank sees it; written by the hooks, read by anyone."""
+
+    __slots__ = ("name", "backend", "entered", "op", "args", "op_id", "entered_ns", "step", "completed",
+                 "work", "work_seq", "previous", "previous_seq", "__weakref__")
+
+    def __init__(self, name: str, backend: str) -> None:
+        self.name = name
+        self.backend = backend
+        self.entered = 0
+        self.op: Any = None  # HookOpName of the last entered (named only when read)
+        self.args: Any = None  # its PreHookArgs (tensors: the size, read lazily)
+        self.op_id = -1
+        self.entered_ns = 0
+        self.step: int | None = None
+        self.completed = 0
+        self.work: Any = None
+        self.work_seq = 0
+        self.previous: Any = None
+        self.previous_seq = 0
+
+    def poll(self) -> None:
+        """Advance ``completed`` by the Works of the last two collectives that say they finished."""
+        for slot in ("previous", "work"):
+            work, seq = (self.previous, self.previous_seq) if slot == "previous" else (self.work, self.work_seq)
+            if work is not None and work.is_completed():
+                if seq > self.completed:
+                    self.completed = seq
+                if getattr(self, slot) is work:
+                    setattr(self, slot, None)
+
+    @property
+    def pending(self) -> bool:
+        return self.entered > self.completed
+
+    @property
+    def op_name(self) -> str:
+        op = self.op
+        return "" if op is None else str(getattr(op, "name", op)).lower()
+
+    def bytes(self) -> int | None:
+        args = self.args
+        if args is None:
+            return None
+        return sum(int(tensor.nbytes) for tensor in args.input_tensors)
+
+    def wait_s(self, now_ns: int | None = None) -> float:
+        if not self.pending or not self.entered_ns:
+            return 0.0
+        return max(0.0, ((now_ns or time.monotonic_ns()) - self.entered_ns) / 1e9)
+
+
+def supported() -> bool:
+    """torch has the ProcessGroup collective hooks (newer torch); older torch tracks nothing."""
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook")
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class CollectiveTracker:
+    """The process's groups; ``step_number`` names the step a collective was entered in."""
+
+    def __init__(self, step_number: Callable[[], int | None] = lambda: None) -> None:
+        self.step_number = step_number
+        self.groups: dict[str, GroupState] = {}
+        #: The group of the most recent collective (what a step span and a stuck alert describe).
+        self.last: GroupState | None = None
+        self._attached: list[tuple[weakref.ref[Any] | Any, GroupState]] = []
+        self._known_groups = 0
+        self._step_start: dict[str, int] = {}
+        self._meters: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    # -- attaching --------------------------------------------------------
+    @contained(default=False)
+    def attach(self, pg: Any) -> bool:
+        """Hook ``pg``'s collectives (idempotent)."""
+        if pg is None or not hasattr(pg, "register_pre_hook"):
+            return False
+        name = str(getattr(pg, "group_name", "") or len(self.groups))
+        if name in self.groups:
+            return True
+        try:
+            backend = str(pg.name())
+        except Exception:  # noqa: BLE001 - a fake or exotic group
+            backend = ""
+        state = GroupState(name, backend)
+        sequence = pg._get_sequence_number_for_group  # noqa: SLF001 - torch's per-group counter
+        clock, step_number, p2p = time.monotonic_ns, self.step_number, _p2p_values()
+
+        # The hot path: run for every collective on the issuing thread, so no frame more
+        # than needed (an exception is still contained: a failing hook would fail the collective).
+        def pre(args: Any) -> None:
+            try:
+                op = args.name
+                if int(op) in p2p:
+                    return
+                state.entered = sequence() + 1
+                state.op, state.args, state.op_id = op, args, args.op_id
+                state.entered_ns = clock()
+                state.step = step_number()
+                self.last = state
+            except Exception:  # noqa: BLE001
+                _hook_failed("pre")
+
+        def post(args: Any) -> None:
+            try:
+                if args.op_id == state.op_id:
+                    # the previous one is kept too: DDP's bucket all-reduces overlap, and the
+                    # earlier one's completion must not wait for a poll that never sees it
+                    state.previous, state.previous_seq = state.work, state.work_seq
+                    state.work, state.work_seq = args.work, state.entered
+            except Exception:  # noqa: BLE001
+                _hook_failed("post")
+
+        pg.register_pre_hook(HOOK_ID, pre)
+        pg.register_post_hook(HOOK_ID, post)
+        self.groups[name] = state
+        self._step_start[name] = state.entered
+        self._attached.append((pg, state))
+        return True
+
+    @contained(default=None)
+    def detach(self, pg: Any = None) -> None:
+        """Unhook ``pg`` (every group when None): a group's hooks keep it alive until then."""
+        keep = []
+        for group, state in self._attached:
+            if pg is None or group is pg:
+                for unregister in (group.unregister_pre_hook, group.unregister_post_hook):
+                    try:
+                        unregister(HOOK_ID)
+                    except Exception:  # noqa: BLE001 - already destroyed
+                        pass
+                self.groups.pop(state.name, None)
+                if self.last is state:
+                    self.last = None
+            else:
+                keep.append((group, state))
+        self._attached = keep
+
+    def close(self) -> None:
+        """Unhook every group and stop adding to stuck alerts (uninstrument)."""
+        from otel_training.processors import alert_context
+
+        self.detach()
+        alert_context.remove(self.alert_attributes)
+
+    def attach_new_groups(self) -> None:
+        """Hook groups created since the last look (new_group, DeviceMesh, split_group); cheap when none."""
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            pg_map = c10d._world.pg_map  # noqa: SLF001 - every live group, whoever created it
+        except Exception:  # noqa: BLE001
+            return
+        if len(pg_map) == self._known_groups:
+            return
+        self._known_groups = len(pg_map)
+        for pg in list(pg_map):
+            self.attach(pg)
+
+    # -- reading ----------------------------------------------------------
+    @contained(default={})
+    def step_attributes(self) -> dict[str, Any]:
+        """The step span's view at its end: the last collective, and how many this step entered."""
+        self.attach_new_groups()
+        count = 0
+        for name, state in self.groups.items():
+            count += state.entered - self._step_start.get(name, state.entered)
+            self._step_start[name] = state.entered
+        state = self.last
+        if state is None:
+            return {sc.STEP_COLLECTIVES: count} if self.groups else {}
+        state.poll()
+        attributes: dict[str, Any] = {sc.STEP_COLLECTIVES: count}
+        attributes.update(describe(state))
+        return attributes
+
+    @contained(default={})
+    def alert_attributes(self) -> dict[str, Any]:
+        """For a stuck alert: the pending collective (else the last one) and the flight recorder."""
+        if not self.groups:
+            return {}
+        for state in self.groups.values():
+            state.poll()
+        pending = [state for state in self.groups.values() if state.pending]
+        state = max(pending, key=lambda s: s.entered_ns) if pending else self.last
+        attributes: dict[str, Any] = describe(state, wait=True) if state is not None else {}
+        attributes.update(flight_recorder({s.backend for s in self.groups.values()}))
+        return attributes
+
+    def observe(self) -> list[tuple[str, float, dict[str, Any]]]:
+        """(metric, value, attributes) per group: read by the metric reader's thread."""
+        rows: list[tuple[str, float, dict[str, Any]]] = [(sc.METRIC_HEARTBEAT, time.time(), {})]
+        now = time.monotonic_ns()
+        for state in list(self.groups.values()):
+            try:
+                state.poll()
+            except Exception:  # noqa: BLE001 - a destroyed group's Work
+                pass
+            group = {sc.COLLECTIVE_GROUP: state.name}
+            rows.append((sc.METRIC_COLLECTIVE_ENTERED, state.entered, dict(group, **{sc.COLLECTIVE_OP: state.op_name})))
+            rows.append((sc.METRIC_COLLECTIVE_COMPLETED, state.completed, group))
+            rows.append((sc.METRIC_COLLECTIVE_WAIT, state.wait_s(now), group))
+            if state.step is not None:
+                rows.append((sc.METRIC_COLLECTIVE_STEP, state.step, group))
+        return rows
+
+    # -- gauges -----------------------------------------------------------
+    @contained(default=None)
+    def register_gauges(self, meter: Any) -> None:
+        """Observable gauges on ``meter`` (once per meter): exported by the reader's own thread,
+        so they keep flowing while the training thread is blocked in a collective."""
+        if meter is None or meter in self._meters:
+            return
+        self._meters.add(meter)
+        from opentelemetry.metrics import Observation
+
+        cache: dict[str, Any] = {"at": 0.0, "rows": []}
+
+        def rows_for(metric: str) -> Iterable[Any]:
+            now = time.monotonic()
+            if now - cache["at"] > 0.1:  # one poll serves the five callbacks of one collection
+                cache["rows"], cache["at"] = self.observe(), now
+            return [Observation(value, attributes) for name, value, attributes in cache["rows"] if name == metric]
+
+        for metric, unit, description in GAUGES:
+            meter.create_observable_gauge(metric, callbacks=[_callback(rows_for, metric)], unit=unit,
+                                          description=description)
+
+
+GAUGES = (
+    (sc.METRIC_HEARTBEAT, "s", "Unix time of the observation, from the metric reader's thread."),
+    (sc.METRIC_COLLECTIVE_ENTERED, "{collective}", "Sequence number of the last collective entered, per group."),
+    (sc.METRIC_COLLECTIVE_COMPLETED, "{collective}", "Sequence number of the last collective known completed."),
+    (sc.METRIC_COLLECTIVE_WAIT, "s", "Seconds inside the collective entered last and not completed (0: none)."),
+    (sc.METRIC_COLLECTIVE_STEP, "{step}", "The training step in which the last collective was entered."),
+)
+
+
+def _callback(rows_for: Callable[[str], Iterable[Any]], metric: str) -> Callable[[Any], Iterable[Any]]:
+    def callback(options: Any) -> Iterable[Any]:
+        try:
+            return rows_for(metric)
+        except Exception:  # noqa: BLE001 - never fail the reader
+            return []
+
+    return callback
+
+
+def _hook_failed(where: str) -> None:
+    log_once(f"collectives:{where}", "otel_training: internal error in the collective %s-hook; training continues",
+             where)
+
+
+def _p2p_values() -> frozenset[int]:
+    """HookOpName values of point-to-point ops (not tracked: they have no group-wide order)."""
+    import torch._C._distributed_c10d as c10d
+
+    names = getattr(c10d, "HookOpName", None)
+    return frozenset(int(getattr(names, name)) for name in _P2P if names is not None and hasattr(names, name))
+
+
+def describe(state: GroupState, wait: bool = False) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        sc.COLLECTIVE_GROUP: state.name,
+        sc.COLLECTIVE_OP: state.op_name,
+        sc.COLLECTIVE_SEQ: state.entered,
+        sc.COLLECTIVE_COMPLETED_SEQ: state.completed,
+        sc.COLLECTIVE_PENDING: state.pending,
+    }
+    size = state.bytes()
+    if size is not None:
+        attributes[sc.COLLECTIVE_BYTES] = size
+    if state.step is not None:
+        attributes[sc.COLLECTIVE_STEP] = state.step
+    if wait:
+        attributes[sc.COLLECTIVE_WAIT_S] = round(state.wait_s(), 3)
+    return attributes
+
+
+def flight_recorder_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = environ.get(variable, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
+                    max_chars: int = MAX_FR_CHARS) -> dict[str, Any]:
+    """torch's flight recorder entries still in flight, newest last, bounded; or why there are none."""
+    if not flight_recorder_enabled():
+        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
+    try:
+        import torch._C._distributed_c10d as c10d  # noqa: PLC2701 - torch's only API for it
+    except Exception as error:  # noqa: BLE001
+        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: f"flight recorder unavailable: {error}"}
+    entries: list[dict[str, Any]] = []
+    errors = []
+    for backend in sorted(set(backends)):
+        try:
+            if backend == "nccl":
+                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=True)  # noqa: SLF001
+            else:
+                raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True, backend=backend)  # noqa: SLF001
+            dump = json.loads(raw)
+        except Exception as error:  # noqa: BLE001 - no recorder for this backend
+            errors.append(f"{backend}: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
+            continue
+        for entry in dump.get("entries", []):
+            if not entry.get("retired", False):
+                entries.append({key: entry[key] for key in _FR_FIELDS if key in entry})
+    attributes: dict[str, Any] = {}
+    if errors:
+        attributes[sc.COLLECTIVE_FLIGHT_RECORDER_ERROR] = "; ".join(errors)
+    entries = entries[-max_entries:]
+    text = json.dumps(entries, separators=(",", ":"))
+    while len(text) > max_chars and entries:
+        entries = entries[1:]
+        text = json.dumps(entries, separators=(",", ":"))
+    attributes[sc.COLLECTIVE_FLIGHT_RECORDER] = text
+    return attributes

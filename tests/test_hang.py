@@ -1,0 +1,116 @@
+"""The job-level hang verdict as a pure function (analysis.hang): views in, verdict out."""
+
+from __future__ import annotations
+
+from otel_training import semconv as sc
+from otel_training.analysis.hang import GroupView, RankView, render, verdict, verdicts_from_records
+from otel_training.analysis.records import RunKey, SpanRecord
+
+
+def rank(number: int, entered: int, completed: int, op: str = "allreduce", step: int | None = None, **flags) -> RankView:
+    return RankView(number, {"0": GroupView("0", entered, completed, op, step)}, **flags)
+
+
+def test_a_healthy_job_has_no_verdict_even_while_ranks_wait_in_a_collective():
+    # rank 0 checkpoints while the others wait in a barrier: nobody is stuck
+    ranks = [rank(0, 40, 40), rank(1, 41, 40, "barrier"), rank(2, 41, 40, "barrier")]
+    result = verdict(ranks)
+    assert not result.hung and not result.culprits and render(result) == []
+
+
+def test_the_rank_that_did_not_enter_the_collective_is_the_culprit():
+    ranks = [rank(0, 14, 13, stuck=True), rank(1, 13, 13, "allgather", stuck=True), rank(2, 14, 13, stuck=True)]
+    result = verdict(ranks)
+    assert result.hung and not result.no_single_culprit
+    assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NOT_ENTERED)]
+    assert (result.group, result.seq, result.op) == ("0", 14, "allreduce")
+    assert result.waiting == {0: (1,), 2: (1,)}
+    assert "has not entered allreduce #14" in result.culprits[0].detail
+    lines = render(result)
+    assert lines[0].startswith("Hang verdict: culprit rank 1 (not_entered")
+    assert "  rank(s) 0, 2 waiting on rank 1" in lines
+
+
+def test_an_unmatched_collective_names_the_minority_and_the_steps_that_differ():
+    # rank 1 skipped step 4's all_gather: its step-5 all-reduce meets the others' all_gather at #13
+    ranks = [rank(0, 13, 12, "allgather", 4, stuck=True), rank(1, 13, 12, "allreduce", 5, stuck=True),
+             rank(2, 13, 12, "allgather", 4, stuck=True)]
+    result = verdict(ranks)
+    (culprit,) = result.culprits
+    assert (culprit.rank, culprit.reason) == (1, sc.HANG_REASON_MISMATCH)
+    assert culprit.detail == "entered allreduce #13 (step 5) where rank(s) 0, 2 entered allgather #13 (step 4) on group 0"
+    assert result.waiting == {0: (1,), 2: (1,)}
+
+
+def test_a_two_rank_mismatch_blames_the_rank_ahead_in_steps():
+    ranks = [rank(0, 13, 12, "allgather", 4, stuck=True), rank(1, 13, 12, "allreduce", 5, stuck=True)]
+    assert [c.rank for c in verdict(ranks).culprits] == [1]
+    ranks = [rank(0, 13, 12, "allreduce", 5, stuck=True), rank(1, 13, 12, "allgather", 4, stuck=True)]
+    assert [c.rank for c in verdict(ranks).culprits] == [0]
+
+
+def test_a_dead_rank_is_the_culprit_and_the_survivors_wait_on_it():
+    ranks = [rank(0, 14, 13, stuck=True), rank(1, 13, 13, died=True), rank(2, 14, 13, stuck=True)]
+    result = verdict(ranks)
+    assert [(c.rank, c.reason, c.detail) for c in result.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT, "died")]
+    assert result.waiting == {0: (1,), 2: (1,)}
+
+
+def test_a_silent_rank_with_others_waiting_is_a_hang_before_any_stuck_alert():
+    ranks = [rank(0, 14, 13), rank(1, 13, 13, alive=False)]
+    result = verdict(ranks)
+    assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT)]
+    assert result.waiting == {0: (1,)}
+
+
+def test_every_rank_in_the_same_collective_is_no_single_culprit():
+    result = verdict([rank(r, 14, 13, stuck=True) for r in range(4)])
+    assert result.hung and result.no_single_culprit and not result.culprits
+    assert "every rank waits in allreduce #14 on group 0" in result.summary
+
+
+def test_every_rank_stuck_at_the_same_point_outside_collectives_is_no_single_culprit():
+    result = verdict([rank(r, 13, 13, "allgather", stuck=True) for r in range(3)])
+    assert result.no_single_culprit and result.seq is None
+    assert "outside collectives" in result.summary
+
+
+def _record(name: str, rank_number: int, end_ns: int, **attributes) -> SpanRecord:
+    run = RunKey(job_id="j", rank=rank_number, restart=0, run_id="r")
+    return SpanRecord(name, end_ns - 10, end_ns, run, dict(attributes))
+
+
+def _collective(seq: int, completed: int, op: str, step: int, wait_s: float = 0.0) -> dict:
+    return {sc.COLLECTIVE_GROUP: "0", sc.COLLECTIVE_OP: op, sc.COLLECTIVE_SEQ: seq,
+            sc.COLLECTIVE_COMPLETED_SEQ: completed, sc.COLLECTIVE_PENDING: seq > completed,
+            sc.COLLECTIVE_STEP: step, sc.COLLECTIVE_WAIT_S: wait_s}
+
+
+def test_from_records_the_stuck_alerts_view_wins_and_the_timeline_shows_the_last_steps():
+    records = []
+    for r in (0, 1):
+        for step in range(5):
+            records.append(_record(sc.SPAN_STEP, r, 1000 + step, **{sc.STEP: step}, **_collective(2 * step + 2, 2 * step + 2, "allreduce", step)))
+    records.append(_record(sc.SPAN_ALERT, 0, 2000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK}, **_collective(12, 11, "allreduce", 5, 3.5)))
+    records.append(_record(sc.SPAN_ALERT, 0, 3000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_REPEAT: True}, **_collective(12, 11, "allreduce", 5, 5.5)))
+    records.append(_record(sc.SPAN_ALERT, 1, 2000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK}, **_collective(11, 11, "allgather", 5)))
+    ((key, (result, timelines)),) = verdicts_from_records(records).items()
+    assert key == ("j", "r")
+    assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NOT_ENTERED)]
+    assert timelines[0][-1] == "stuck: inside allreduce #12 on group 0 for 3.5 s"
+    assert timelines[1][-1] == "stuck: outside any collective"
+    assert [line.split(":")[0] for line in timelines[0][:3]] == ["step 2", "step 3", "step 4"]
+    lines = render(result, timelines)
+    assert "  rank(s) 0 waiting on rank 1" in lines
+    assert any(line.startswith("  rank 1: step 2: last entered allreduce #6") for line in lines)
+
+
+def test_from_records_a_recovered_job_has_no_verdict():
+    records = [
+        _record(sc.SPAN_STEP, 0, 1000, **{sc.STEP: 0}, **_collective(2, 2, "allreduce", 0)),
+        _record(sc.SPAN_ALERT, 0, 2000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK}, **_collective(3, 2, "allreduce", 1, 2.0)),
+        _record(sc.SPAN_ALERT, 0, 3000, **{sc.ALERT_KIND: sc.ALERT_KIND_RECOVERED}),
+        _record(sc.SPAN_STEP, 1, 1000, **{sc.STEP: 0}, **_collective(2, 2, "allreduce", 0)),
+    ]
+    ((_, (result, _timelines)),) = verdicts_from_records(records).items()
+    assert not result.hung

@@ -1,0 +1,141 @@
+"""The hang verdict on real torch.distributed (gloo, CPU): several local ranks of a DDP job that
+hang on purpose, through the real SDK (file exporter, periodic metric reader, stuck detector,
+watchdog). Each case checks the verdict twice: from the exported gauges (what the Prometheus rules
+compare, live) and from the spans (what the report reads, offline).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from requirements import require
+
+require("torch")
+
+from hang_ranks import Ranks, alerts, env_for, gauges, heartbeat, rank_view, records  # noqa: E402
+from waiting import wait_until  # noqa: E402
+
+from otel_training import semconv as sc  # noqa: E402
+from otel_training.analysis.hang import render, verdict, verdicts_from_records  # noqa: E402
+from otel_training.integrations.torch.collectives import supported  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(not supported(), reason="this torch has no ProcessGroup collective hooks")]
+
+#: Generous: a loaded 2-core machine imports torch in several processes at once.
+DEADLINE_S = 180.0
+AT_STEP = 4
+
+
+def _stuck_with_gauges(ranks: Ranks, out: Path, stuck_ranks: list[int]) -> None:
+    """Wait until every rank in ``stuck_ranks`` exported a stuck alert and gauges after it."""
+    def ready() -> bool:
+        for rank in stuck_ranks:
+            stuck = alerts(out, rank, sc.ALERT_KIND_STUCK)
+            if not stuck or heartbeat(gauges(out, rank)) * 1e9 < stuck[0].end_ns:
+                return False
+        return True
+
+    assert wait_until(ready, DEADLINE_S, 0.2), f"no stuck alerts and gauges from ranks {stuck_ranks}:\n{ranks.outputs()}"
+
+
+def _live_verdict(out: Path, world: int, silent: tuple[int, ...] = ()):
+    samples = {rank: gauges(out, rank) for rank in range(world)}
+    views = [rank_view(rank, samples[rank], alive=rank not in silent,
+                       stuck=bool(alerts(out, rank, sc.ALERT_KIND_STUCK)),
+                       died=bool(alerts(out, rank, sc.ALERT_KIND_DIED))) for rank in range(world)]
+    return verdict(views)
+
+
+def _offline_verdict(out: Path, world: int):
+    ((_, (result, timelines)),) = verdicts_from_records([r for rank in range(world) for r in records(out, rank)]).items()
+    return result, timelines
+
+
+def test_a_rank_sleeping_before_the_all_reduce_is_the_culprit(tmp_path: Path):
+    out = tmp_path / "out"
+    with Ranks(out, 3, ["--scenario", "sleeper", "--culprit", "1", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
+        _stuck_with_gauges(ranks, out, [0, 1, 2])
+        live = _live_verdict(out, 3)
+        offline, timelines = _offline_verdict(out, 3)
+        # the waiters' alerts carry the collective they are inside, and the flight recorder's entry for it
+        (waiting,) = [a for a in alerts(out, 0, sc.ALERT_KIND_STUCK) if not a.attributes.get(sc.ALERT_REPEAT)]
+    for result in (live, offline):
+        assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NOT_ENTERED)], result
+        assert result.op == "allreduce" and result.waiting == {0: (1,), 2: (1,)}
+    attributes = waiting.attributes
+    assert attributes[sc.COLLECTIVE_PENDING] is True and attributes[sc.COLLECTIVE_OP] == "allreduce"
+    assert attributes[sc.COLLECTIVE_SEQ] == offline.seq and attributes[sc.COLLECTIVE_WAIT_S] > 1.0
+    assert f'"collective_seq_id":{offline.seq}' in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
+    assert "gloo:all_reduce" in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
+    assert timelines[1][-1] == "stuck: outside any collective"
+    print("\n".join(render(offline, timelines)))
+
+
+def test_a_rank_skipping_a_collective_is_the_culprit_with_the_sequence_numbers_that_differ(tmp_path: Path):
+    out = tmp_path / "out"
+    with Ranks(out, 3, ["--scenario", "skip", "--culprit", "2", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
+        _stuck_with_gauges(ranks, out, [0, 1, 2])
+        live = _live_verdict(out, 3)
+        offline, timelines = _offline_verdict(out, 3)
+    for result in (live, offline):
+        (culprit,) = result.culprits
+        assert (culprit.rank, culprit.reason) == (2, sc.HANG_REASON_MISMATCH), result
+        assert result.op == "allgather" and result.waiting == {0: (2,), 1: (2,)}
+        assert f"entered allreduce #{result.seq} (step {AT_STEP + 1}) where rank(s) 0, 1 entered allgather " \
+               f"#{result.seq} (step {AT_STEP})" in culprit.detail
+    print("\n".join(render(offline, timelines)))
+
+
+def test_a_sigkilled_rank_is_reported_dead_by_its_watchdog_and_named_the_culprit(tmp_path: Path):
+    out = tmp_path / "out"
+    env = env_for(out, OTEL_TRAINING_WATCHDOG="true")
+    with Ranks(out, 3, ["--scenario", "kill", "--culprit", "1", "--at-step", str(AT_STEP)], env) as ranks:
+        assert wait_until(lambda: alerts(out, 1, sc.ALERT_KIND_DIED), DEADLINE_S, 0.2), ranks.outputs()
+        # gloo notices the peer is gone: the survivors' collective fails at once (NCCL would wait)
+        assert wait_until(lambda: all(p.poll() is not None for p in ranks.procs), DEADLINE_S, 0.2), ranks.outputs()
+        assert re.search(r"Connection (closed|reset) by peer", ranks.output(0)), ranks.outputs()
+        offline, timelines = _offline_verdict(out, 3)
+    assert [(c.rank, c.reason, c.detail) for c in offline.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT, "died")]
+    assert timelines[1][-1] == "died"
+    print("\n".join(render(offline, timelines)))
+
+
+def test_a_frozen_rank_stops_its_heartbeat_and_the_others_wait_on_it(tmp_path: Path):
+    out = tmp_path / "out"
+    with Ranks(out, 2, ["--scenario", "freeze", "--culprit", "1", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
+        _stuck_with_gauges(ranks, out, [0])
+        beats = {rank: heartbeat(gauges(out, rank)) for rank in (0, 1)}
+        # rank 0's reader thread keeps exporting while its training thread waits; rank 1's stopped
+        assert wait_until(lambda: heartbeat(gauges(out, 0)) > beats[1] + 2.0, DEADLINE_S, 0.2), ranks.outputs()
+        live = _live_verdict(out, 2, silent=(1,))
+    assert [(c.rank, c.reason) for c in live.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT)]
+    assert live.waiting == {0: (1,)}
+
+
+def test_every_rank_delayed_equally_is_no_single_culprit(tmp_path: Path):
+    out = tmp_path / "out"
+    with Ranks(out, 2, ["--scenario", "equal", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
+        _stuck_with_gauges(ranks, out, [0, 1])
+        live = _live_verdict(out, 2)
+        offline, _ = _offline_verdict(out, 2)
+    for result in (live, offline):
+        assert result.hung and result.no_single_culprit and not result.culprits, result
+        assert "outside collectives" in result.summary
+
+
+def test_a_healthy_job_with_checkpoint_and_evaluation_pauses_has_no_verdict(tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["--scenario", "healthy", "--steps", "20", "--pause", "0.6"]
+    with Ranks(out, 2, args, env_for(out)) as ranks:
+        assert wait_until(lambda: all(ranks.printed(r, r"DONE rank=\d") for r in range(2)), DEADLINE_S, 0.2), \
+            ranks.outputs()
+        offline, _ = _offline_verdict(out, 2)
+    assert not offline.hung, offline
+    assert not any(alerts(out, rank, sc.ALERT_KIND_STUCK) for rank in range(2))
+    # the pauses were visible to the gauges (rank 1 waited in a barrier while rank 0 saved)
+    steps = [r for r in records(out, 1) if r.name == sc.SPAN_STEP]
+    assert any(s.attributes.get(sc.COLLECTIVE_OP) == "barrier" for s in steps) or \
+        any(s.attributes.get(sc.STEP_COLLECTIVES, 0) >= 3 for s in steps)
