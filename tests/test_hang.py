@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import html
+import importlib.util
+
 from otel_training import semconv as sc
-from otel_training.analysis.hang import GroupView, RankView, render, verdict, verdicts_from_records
+from otel_training.analysis.hang import GroupView, HangTracker, RankView, render, verdict, verdicts_from_records
 from otel_training.analysis.records import RunKey, SpanRecord
 
 
@@ -114,3 +117,53 @@ def test_from_records_a_recovered_job_has_no_verdict():
     ]
     ((_, (result, _timelines)),) = verdicts_from_records(records).items()
     assert not result.hung
+
+
+def _hung_job_records() -> list[SpanRecord]:
+    records = []
+    for r in range(4):
+        for step in range(50):
+            records.append(_record(sc.SPAN_STEP, r, 1000 + step, **{sc.STEP: step},
+                                   **_collective(2 * step + 2, 2 * step + 2, "allreduce", step)))
+    for r in (0, 1, 3):
+        records.append(_record(sc.SPAN_ALERT, r, 5000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK},
+                               **_collective(102, 101, "allreduce", 50, 4.0)))
+    records.append(_record(sc.SPAN_ALERT, 2, 5000, **{sc.ALERT_KIND: sc.ALERT_KIND_STUCK}))
+    return records
+
+
+def test_the_tracker_read_in_any_order_and_in_parts_gives_the_one_pass_result():
+    """The report reads files in parallel workers and in write order, not time order: same verdict."""
+    import pickle
+    import random
+
+    records = _hung_job_records()
+    expected = verdicts_from_records(records)
+    shuffled = records[:]
+    random.Random(7).shuffle(shuffled)
+    parts = [HangTracker() for _ in range(3)]
+    for index, record in enumerate(shuffled):
+        parts[index % 3].add(record)
+    merged = HangTracker()
+    for part in parts:
+        merged.update(pickle.loads(pickle.dumps(part)))  # as a worker process returns it
+    assert merged.results() == expected
+    ((result, timelines),) = expected.values()
+    assert [(c.rank, c.reason) for c in result.culprits] == [(2, sc.HANG_REASON_NOT_ENTERED)]
+    assert [line.split(":")[0] for line in timelines[2][:3]] == ["step 47", "step 48", "step 49"]
+    assert merged.lines() == render(result, timelines)
+
+
+def test_the_report_prints_the_verdict_from_the_records_it_reads():
+    from otel_training.report.job import build_report
+    from otel_training.report.summary import render_summary
+
+    records = _hung_job_records()
+    ((result, timelines),) = verdicts_from_records(records).values()
+    report = build_report(records)
+    assert report.hang == render(result, timelines)
+    assert "\n".join(report.hang) in render_summary(report)
+    if importlib.util.find_spec("matplotlib") is not None:  # the report extra
+        from otel_training.report.html import render_html
+
+        assert html.escape("\n".join(report.hang)) in render_html(report)

@@ -7,6 +7,8 @@ compare, live) and from the spans (what the report reads, offline).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,20 @@ def _live_verdict(out: Path, world: int, silent: tuple[int, ...] = ()):
     return verdict(views)
 
 
+def _report(out: Path, world: int) -> str:
+    """``otel-training report`` on what the ranks wrote (the real CLI, streaming files in parallel).
+
+    Run once the ranks are gone; it must print the verdict the spans give then.
+    """
+    done = subprocess.run([sys.executable, "-c", "from otel_training.cli.main import main; raise SystemExit(main())",
+                           "report", str(out), "--no-html", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result, timelines = _offline_verdict(out, world)
+    assert "\n".join(render(result, timelines)) in done.stdout, done.stdout
+    return done.stdout
+
+
 def _offline_verdict(out: Path, world: int):
     ((_, (result, timelines)),) = verdicts_from_records([r for rank in range(world) for r in records(out, rank)]).items()
     return result, timelines
@@ -71,7 +87,8 @@ def test_a_rank_sleeping_before_the_all_reduce_is_the_culprit(tmp_path: Path):
     assert f'"collective_seq_id":{offline.seq}' in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
     assert "gloo:all_reduce" in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
     assert timelines[1][-1] == "stuck: outside any collective"
-    print("\n".join(render(offline, timelines)))
+    printed = _report(out, 3)
+    assert "Hang verdict: culprit rank 1" in printed and "rank(s) 0, 2 waiting on rank 1" in printed, printed
 
 
 def test_a_rank_skipping_a_collective_is_the_culprit_with_the_sequence_numbers_that_differ(tmp_path: Path):
@@ -86,7 +103,8 @@ def test_a_rank_skipping_a_collective_is_the_culprit_with_the_sequence_numbers_t
         assert result.op == "allgather" and result.waiting == {0: (2,), 1: (2,)}
         assert f"entered allreduce #{result.seq} (step {AT_STEP + 1}) where rank(s) 0, 1 entered allgather " \
                f"#{result.seq} (step {AT_STEP})" in culprit.detail
-    print("\n".join(render(offline, timelines)))
+    printed = _report(out, 3)
+    assert "rank(s) 0, 1 waiting on rank 2" in printed, printed
 
 
 def test_a_sigkilled_rank_is_reported_dead_by_its_watchdog_and_named_the_culprit(tmp_path: Path):
@@ -100,7 +118,7 @@ def test_a_sigkilled_rank_is_reported_dead_by_its_watchdog_and_named_the_culprit
         offline, timelines = _offline_verdict(out, 3)
     assert [(c.rank, c.reason, c.detail) for c in offline.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT, "died")]
     assert timelines[1][-1] == "died"
-    print("\n".join(render(offline, timelines)))
+    assert "Hang verdict: culprit rank 1" in _report(out, 3)
 
 
 def test_a_frozen_rank_stops_its_heartbeat_and_the_others_wait_on_it(tmp_path: Path):
@@ -124,6 +142,8 @@ def test_every_rank_delayed_equally_is_no_single_culprit(tmp_path: Path):
     for result in (live, offline):
         assert result.hung and result.no_single_culprit and not result.culprits, result
         assert "outside collectives" in result.summary
+    printed = _report(out, 2)
+    assert f"Hang verdict: {offline.summary}" in printed, printed
 
 
 def test_a_healthy_job_with_checkpoint_and_evaluation_pauses_has_no_verdict(tmp_path: Path):
@@ -134,6 +154,7 @@ def test_a_healthy_job_with_checkpoint_and_evaluation_pauses_has_no_verdict(tmp_
             ranks.outputs()
         offline, _ = _offline_verdict(out, 2)
     assert not offline.hung, offline
+    assert "Hang verdict" not in _report(out, 2)
     assert not any(alerts(out, rank, sc.ALERT_KIND_STUCK) for rank in range(2))
     # the pauses were visible to the gauges (rank 1 waited in a barrier while rank 0 saved)
     steps = [r for r in records(out, 1) if r.name == sc.SPAN_STEP]

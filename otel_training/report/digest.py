@@ -21,6 +21,7 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training.analysis import RunSummary, SpanRecord, span_label, times_step
 from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs
+from otel_training.analysis.hang import HangTracker
 from otel_training.analysis.stragglers import window_bounds
 
 #: Steps per rank kept for the step-time plot (every n-th, n doubling as the run grows), and the
@@ -244,6 +245,8 @@ class Part:
     intervals: Intervals = dataclasses.field(default_factory=Intervals)
     #: Ranks this input has spans of but did not finish (they need their spans in memory).
     unfinished: set[int] = dataclasses.field(default_factory=set)
+    #: Each rank's last collectives and stuck/died alerts, for the hang verdict.
+    hang: HangTracker = dataclasses.field(default_factory=HangTracker)
 
     def span(self, start_ns: int, end_ns: int) -> None:
         self.span_count += 1
@@ -263,6 +266,7 @@ class Part:
         self.alerts.extend(other.alerts)
         self.intervals.update(other.intervals)
         self.unfinished |= other.unfinished
+        self.hang.update(other.hang)
         for rank, part in other.ranks.items():
             if rank in self.ranks:
                 raise ValueError(f"rank {rank} is in two parts: read its spans together")
@@ -284,6 +288,7 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
                     steps[rank].add(record.start_ns, record.end_ns, record.attributes.get(sc.STEP), record.run.restart)
             continue
         part.span(record.start_ns, record.end_ns)
+        part.hang.add(record)
         if record.run.job_id:
             part.job_ids.add(record.run.job_id)
         if record.service:

@@ -252,6 +252,14 @@ def _rank_table(report: JobReport) -> str:
             + (f'<ul class="stragglers">{named}</ul>' if named else ""))
 
 
+def _hang(report: JobReport) -> str:
+    if not report.hang:
+        return ""
+    return ('<h2>Hang verdict</h2><pre class="hang">' + html.escape("\n".join(report.hang)) + "</pre>\n"
+            '<p>How to read it: <a href="https://github.com/otel-training/otel-training/blob/main/docs/hang-diagnosis.md">'
+            "docs/hang-diagnosis.md</a>.</p>\n")
+
+
 def _alerts(report: JobReport) -> str:
     if not report.alerts:
         return "<p>No stuck or recovered alerts.</p>"
@@ -294,7 +302,7 @@ def render_html(report: JobReport, records: Sequence[SpanRecord] | None = None, 
 <div class="plots">{"".join(plots)}</div>
 <h2>Ranks</h2>
 {_rank_table(report)}
-<h2>Alerts</h2>
+{_hang(report)}<h2>Alerts</h2>
 {_alerts(report)}
 {problems}
 <h2>Summary</h2>

@@ -57,6 +57,8 @@ class JobReport:
     window_edges: dict[int, StepColumns] = dataclasses.field(default_factory=dict)
     #: Labelled time of each rank for the timeline, (rank, label) -> intervals.
     intervals: dict[tuple[int, str], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    #: The hang verdict (culprit ranks, who waits on whom, each rank's last collectives); empty if none hung.
+    hang: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -133,6 +135,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
         straggler_threshold=straggler_threshold,
         window_edges={rank.rank: rank.edges for rank in with_steps},
         intervals=dict(part.intervals.spans),
+        hang=part.hang.lines(),
     )
 
 

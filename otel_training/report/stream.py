@@ -216,7 +216,9 @@ def _step_number(value: object) -> int | None:
     return None
 
 
-_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.CHECKPOINT_STEP})
+_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.CHECKPOINT_STEP, sc.COLLECTIVE_GROUP, sc.COLLECTIVE_OP,
+                              sc.COLLECTIVE_SEQ, sc.COLLECTIVE_COMPLETED_SEQ, sc.COLLECTIVE_STEP,
+                              sc.COLLECTIVE_WAIT_S})
 
 
 def _some_attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -277,7 +279,7 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
     intervals = part.intervals
     labels = {name: span_label(name, evaluation_is_productive) for name in LABELLED_SPAN_NAMES}
     accounted, alert_name, step, device_step = ACCOUNTED, sc.SPAN_ALERT, sc.SPAN_STEP, sc.SPAN_DEVICE_STEP
-    device_timed = sc.STEP_DEVICE_TIMED
+    device_timed, collective_seq, hang = sc.STEP_DEVICE_TIMED, sc.COLLECTIVE_SEQ, part.hang
     for resources in scan:
         for key, service, role, spans in resources:
             if job_id is not None and key.job_id != job_id:
@@ -307,6 +309,9 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     labelled[label].append((start, end))
                 if name == alert_name:
                     part.alerts.append(alert_of(rank, restart, start, values or {}))
+                    hang.alert(key, start, values or {})
+                elif name == step and values and collective_seq in values:
+                    hang.step(key, end, values)
                 if run is None:
                     continue
                 if error:
