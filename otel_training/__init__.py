@@ -18,7 +18,7 @@ from otel_training._version import __version__
 
 if TYPE_CHECKING:
     from otel_training.config.options import ConfigError
-    from otel_training.config.telemetry import FlushResult, Telemetry, configure, get_telemetry
+    from otel_training.pipeline.telemetry import FlushResult, Telemetry, configure, get_telemetry
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
@@ -35,17 +35,17 @@ _EXPORTS = {
     "ConfigError": "otel_training.config.options",
     "DLRoverLogProcessor": "otel_training.processors.dlrover_log",
     "Duration": "otel_training.events.duration",
-    "FlushResult": "otel_training.config.telemetry",
+    "FlushResult": "otel_training.pipeline.telemetry",
     "GoodputSpanProcessor": "otel_training.processors.goodput",
     "MasterProcess": "otel_training.events.predefined",
     "Process": "otel_training.events.process",
     "StuckEvent": "otel_training.processors.stuck",
     "StuckSpanProcessor": "otel_training.processors.stuck",
-    "Telemetry": "otel_training.config.telemetry",
+    "Telemetry": "otel_training.pipeline.telemetry",
     "TrainerProcess": "otel_training.events.predefined",
-    "configure": "otel_training.config.telemetry",
+    "configure": "otel_training.pipeline.telemetry",
     "current_duration": "otel_training.events.duration",
-    "get_telemetry": "otel_training.config.telemetry",
+    "get_telemetry": "otel_training.pipeline.telemetry",
     "set_lineage": "otel_training.events.lineage",
 }
 

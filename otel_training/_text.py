@@ -24,4 +24,23 @@ def escape_controls(text: object, table: Mapping[int, str] = CONTROL_ESCAPES) ->
     return str(text).translate(table)
 
 
-__all__ = ["CONTROL_ESCAPES", "escape_controls"]
+def encodable(text: str) -> str:
+    """``text`` as UTF-8 can encode it: a lone surrogate (from a bytes path or a C library) escaped."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def text(value: object) -> str:
+    """``str(value)`` as text the exporters can encode; never raises (for messages and names)."""
+    try:
+        return encodable(value if type(value) is str else str(value))
+    except Exception:  # noqa: BLE001 - a __str__ may raise anything
+        return f"<{type(value).__name__}>"
+
+
+__all__ = ["CONTROL_ESCAPES", "encodable", "escape_controls", "text"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import otel_training
-from otel_training.events import hooks
+from otel_training.lifecycle import hooks
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

@@ -278,8 +278,8 @@ def test_a_bad_environment_without_configure_fails_once_then_runs_disabled(
 ) -> None:
     import logging
 
-    from otel_training.config import telemetry as telemetry_module
-    from otel_training.events import hooks
+    from otel_training.pipeline import telemetry as telemetry_module
+    from otel_training.lifecycle import hooks
     from otel_training.events import runtime as runtime_module
 
     monkeypatch.setattr(telemetry_module, "_current", None)  # no configure() call: the events API configures

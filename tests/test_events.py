@@ -518,7 +518,7 @@ def test_uncaught_exception_attributes_are_always_encodable() -> None:
     # lose the spans the exception hook ends at export.
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-    from otel_training.events.hooks import _exception_attributes
+    from otel_training.lifecycle.hooks import _exception_attributes
 
     class Unprintable(Exception):
         def __str__(self) -> str:
@@ -529,3 +529,26 @@ def test_uncaught_exception_attributes_are_always_encodable() -> None:
         for value in attributes.values():
             if isinstance(value, str):
                 AnyValue(string_value=value).SerializeToString()  # raises on a lone surrogate
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # chained to pytest's hook
+def test_a_thread_dying_of_an_exception_is_an_event_on_the_process_span(configure) -> None:
+    """The lifecycle hooks (installed by the pipeline) record it on the API's process span,
+    which the pipeline reaches through ``Telemetry.process_span`` without importing the API."""
+    import threading
+
+    telemetry = configure(exporter="file", exception_hooks=True)
+    trainer = otel_training.TrainerProcess()
+    trainer.start()
+    assert telemetry.process_span is not None
+
+    def die() -> None:
+        raise RuntimeError("data worker lost")
+
+    thread = threading.Thread(target=die, name="loader-3")
+    thread.start()
+    thread.join()
+    (process,) = [span for span in _spans(telemetry) if span["name"] == "training.process"]
+    (death,) = [event for event in process["events"] if event["name"] == sc.EVENT_EXCEPTION]
+    assert death["attributes"]["thread.name"] == "loader-3"
+    assert death["attributes"][sc.EXCEPTION_MESSAGE] == "data worker lost"

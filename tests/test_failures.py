@@ -402,7 +402,7 @@ def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_sig
     process = _start_in_own_group(
         """
         import ctypes, otel_training
-        from otel_training.events import hooks
+        from otel_training.lifecycle import hooks
         otel_training.configure(exporter="none")
         print(hooks._watcher.helper.pid, flush=True)
         ctypes.CDLL(None).system(b"sleep 30")
@@ -422,7 +422,7 @@ def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_sig
     process = _start_in_own_group(
         """
         import otel_training
-        from otel_training.events import hooks
+        from otel_training.lifecycle import hooks
         otel_training.configure(exporter="none")
         print(hooks._watcher.helper.pid, flush=True)
         """

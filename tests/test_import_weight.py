@@ -32,9 +32,19 @@ def test_a_light_import_loads_no_sdk_tracing_and_no_pipeline(module: str) -> Non
     loaded = _loaded(module)
     assert not [name for name in loaded if name.startswith("opentelemetry.sdk.trace")]
     assert not [name for name in loaded if name.startswith(("otel_training.config", "otel_training.events",
-                                                            "otel_training.processors"))]
+                                                            "otel_training.processors", "otel_training.pipeline",
+                                                            "otel_training.lifecycle"))]
+
+
+def test_the_watchdog_sidecar_loads_no_pipeline() -> None:
+    """The sidecar exports alerts with the SDK's exporters, and nothing of the training process's pipeline."""
+    loaded = _loaded("otel_training.watchdog.monitor")
+    assert not [name for name in loaded if name.startswith(("otel_training.pipeline.telemetry", "otel_training.events",
+                                                            "otel_training.processors", "otel_training.lifecycle",
+                                                            "otel_training.integrations"))]
+    assert "otel_training.pipeline.exporters" in loaded  # the factory, shared with the pipeline
 
 
 def test_the_public_names_still_load_on_use() -> None:
     loaded = _loaded("otel_training; otel_training.configure; otel_training.TrainerProcess")
-    assert "otel_training.config.telemetry" in loaded and "otel_training.events.predefined" in loaded
+    assert "otel_training.pipeline.telemetry" in loaded and "otel_training.events.predefined" in loaded

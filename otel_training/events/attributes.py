@@ -21,6 +21,8 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._text import encodable as _encodable
+from otel_training._text import text
 
 MAX_STRING = 1024
 MAX_LIST = 128
@@ -67,16 +69,6 @@ CONTENT_PREFIX = "training.content."
 METRIC_PREFIX = "training.metric."
 
 
-def _encodable(text: str) -> str:
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
 def _int(value: int) -> int | str:
     return value if _INT64_MIN <= value <= _INT64_MAX else str(int(value))
 
@@ -88,14 +80,6 @@ def _truncate(text: str) -> str:
 
 def _describe(value: Any) -> str:
     return _truncate(text(value))
-
-
-def text(value: Any) -> str:
-    """``str(value)`` as text the exporters can encode; never raises (for messages and names)."""
-    try:
-        return _encodable(value if type(value) is str else str(value))
-    except Exception:  # noqa: BLE001
-        return f"<{type(value).__name__}>"
 
 
 def _array_scalar(value: Any) -> Any:

@@ -16,7 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
 from otel_training import semconv as sc
-from otel_training.config import telemetry as _telemetry
+from otel_training.pipeline import telemetry as _telemetry
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
 #: keeps 128 events per span and silently drops the rest).
@@ -76,6 +76,7 @@ class EventsRuntime:
         self.host_work = 0
         self.training: bool | None = None
         telemetry.on_shutdown(self.close)
+        telemetry.process_span = self.process_span
 
     def charge(self, trace_id: int) -> None:
         """Count one more span in ``trace_id``."""

@@ -20,7 +20,7 @@ from otel_training.watchdog import monitor
 from otel_training.watchdog.slot import SlotWriter
 
 if TYPE_CHECKING:
-    from otel_training.config.telemetry import Telemetry
+    from otel_training.pipeline.telemetry import Telemetry
 
 __all__ = ["SlotWriter", "start"]
 

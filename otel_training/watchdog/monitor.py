@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
-from otel_training.exporters import factory
+from otel_training.pipeline import exporters as factory
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
 
 logger = logging.getLogger("otel_training.watchdog")

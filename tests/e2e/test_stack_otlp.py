@@ -202,7 +202,7 @@ def test_sdk_dropped_spans_metric_reaches_prometheus_and_fires(stack, alert_webh
     )
     provider = MeterProvider(resource=resource, metric_readers=[reader])
     try:
-        # Same instrument as otel_training.config.telemetry: an observable counter.
+        # Same instrument as otel_training.pipeline.telemetry: an observable counter.
         provider.get_meter("otel_training").create_observable_counter(
             "training.telemetry.spans.dropped",
             callbacks=[lambda options: [Observation(dropped["n"])]],

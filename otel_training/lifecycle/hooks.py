@@ -38,9 +38,10 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Span
@@ -48,9 +49,11 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.events.attributes import text
-from otel_training.config.telemetry import Telemetry, get_telemetry
-from otel_training.events import _signal_helper
+from otel_training._text import text
+from otel_training.lifecycle import _signal_helper
+
+if TYPE_CHECKING:  # the pipeline installs the hooks and imports this module, never the other way round
+    from otel_training.pipeline.telemetry import Telemetry
 
 FATAL_SIGNALS = tuple(
     getattr(signal, name)
@@ -65,6 +68,8 @@ _previous_excepthook: Callable[..., Any] | None = None
 _previous_thread_excepthook: Callable[..., Any] | None = None
 _lock = threading.Lock()
 _owner_pid = os.getpid()
+# The pipeline the hooks were last installed for, held weakly: a pipeline shut down and dropped is freed.
+_installed_for: weakref.ref[Telemetry] | None = None
 # Taken by the first thread that starts terminating the process; set when it is done.
 _terminating = threading.Lock()
 _terminated = threading.Event()
@@ -119,7 +124,7 @@ def _exception_attributes(exc_type: type[BaseException], exc: BaseException, tb:
 
 def _owned_telemetry() -> Telemetry | None:
     """The live pipeline, if this process is the one the hooks were installed in."""
-    telemetry = get_telemetry()
+    telemetry = _installed_for() if _installed_for is not None else None
     if telemetry is None or telemetry.is_shut_down or os.getpid() != _owner_pid:
         return None
     return telemetry
@@ -144,11 +149,12 @@ def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
         # The process goes on, and the spans the thread opened in ``with`` blocks
         # have already recorded the exception on the way out; record the death of
         # the thread itself on the process-lifetime span.
-        from otel_training.events.runtime import runtime
-
-        attributes = _exception_attributes(args.exc_type, args.exc_value, args.exc_traceback)
-        attributes["thread.name"] = args.thread.name if args.thread is not None else ""
-        contained()(lambda: runtime().process_span(sc.TARGET_TRAINER).add_event(sc.EVENT_EXCEPTION, attributes))()
+        # (Only once the events API runs on the pipeline: it owns the process span.)
+        process_span = telemetry.process_span
+        if process_span is not None:
+            attributes = _exception_attributes(args.exc_type, args.exc_value, args.exc_traceback)
+            attributes["thread.name"] = args.thread.name if args.thread is not None else ""
+            contained()(lambda: process_span(sc.TARGET_TRAINER).add_event(sc.EVENT_EXCEPTION, attributes))()
     (_previous_thread_excepthook or threading.__excepthook__)(args)
 
 
@@ -452,8 +458,10 @@ _FORK_GRACE_S = 5.0
 def install(telemetry: Telemetry) -> None:
     """Install the hooks the options ask for; idempotent; chains to what was there."""
     global _installed_excepthook, _previous_excepthook, _previous_thread_excepthook, _watcher, _owner_pid
+    global _installed_for
     with _lock:
         _owner_pid = os.getpid()
+        _installed_for = weakref.ref(telemetry)
         if telemetry.options["exception_hooks"] and not _installed_excepthook:
             _previous_excepthook = sys.excepthook
             _previous_thread_excepthook = threading.excepthook

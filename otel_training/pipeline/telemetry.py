@@ -29,7 +29,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Span, Tracer
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
@@ -39,7 +39,7 @@ from otel_training.config import otel_env
 from otel_training.config.options import OPTIONS, ConfigError, resolve
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
-from otel_training.exporters.factory import metric_exporter, span_exporter
+from otel_training.pipeline.exporters import metric_exporter, span_exporter
 from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
@@ -140,6 +140,9 @@ class Telemetry:
         self.spool_path: Path | None = None
         #: The stuck detector the options turned on (``telemetry.stuck.add_callback``), else None.
         self.stuck: StuckSpanProcessor | None = None
+        #: The events API's process-lifetime span of a target, once the API runs on this pipeline (the
+        #: lifecycle hooks record a thread's death on it; the pipeline does not import the API).
+        self.process_span: Callable[[str], Span] | None = None
         self.metrics_path: Path | None = None
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
@@ -434,7 +437,7 @@ def _install_plugins(telemetry: Telemetry) -> None:
 
 def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
     """The stuck detector's exit action would lose the open spans, the stuck step first of all."""
-    from otel_training.events.hooks import end_open_spans
+    from otel_training.lifecycle.hooks import end_open_spans
 
     end_open_spans(telemetry, sc.EVENT_ALERT, {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ACTION: "exit"},
                    f"exited with code {telemetry.options['stuck_exit_code']}: a watched span was stuck")
@@ -495,7 +498,7 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
     _current = telemetry
     if resolved["set_global"] and first:
         _set_global(telemetry)
-    from otel_training.events import hooks
+    from otel_training.lifecycle import hooks
 
     hooks.install(telemetry)
     return telemetry
