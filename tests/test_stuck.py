@@ -21,7 +21,7 @@ from otlp_json import read_spans
 
 from otel_training import StuckEvent, StuckSpanProcessor
 from otel_training import semconv as sc
-from otel_training.processors.stuck import thread_stacks
+from otel_training._stacks import thread_stacks
 from otel_training.processors.thresholds import (
     SOURCE_ADAPTIVE,
     SOURCE_CAPPED,

@@ -49,6 +49,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
+from otel_training._stacks import bounded, frame_stack, main_thread_frame
 from otel_training._text import text
 from otel_training.lifecycle import _signal_helper
 
@@ -117,7 +118,7 @@ def _exception_attributes(exc_type: type[BaseException], exc: BaseException, tb:
     return {
         sc.EXCEPTION_TYPE: text(exc_type.__qualname__),
         sc.EXCEPTION_MESSAGE: text(exc)[:4096],
-        sc.EXCEPTION_STACKTRACE: text(stack)[-16384:],
+        sc.EXCEPTION_STACKTRACE: bounded(text(stack), keep_end=True),
         "exception.escaped": True,
     }
 
@@ -158,13 +159,9 @@ def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
     (_previous_thread_excepthook or threading.__excepthook__)(args)
 
 
-def _stack_of(frame: FrameType | None) -> str:
-    return "".join(traceback.format_stack(frame))[-16384:] if frame is not None else ""
-
-
 def _signal_attributes(signum: int, frame: FrameType | None) -> dict[str, Any]:
     return {sc.SIGNAL_NAME: signal.Signals(signum).name, sc.SIGNAL_NUMBER: signum,
-            sc.EXCEPTION_STACKTRACE: _stack_of(frame)}
+            sc.EXCEPTION_STACKTRACE: frame_stack(frame)}
 
 
 def _die_of(signum: int) -> None:
@@ -214,7 +211,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     try:
         if telemetry is not None:
             if frame is None:  # on the watcher thread: say where the main thread was
-                frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+                frame = main_thread_frame()
             name = signal.Signals(signum).name
             end_open_spans(telemetry, sc.EVENT_SIGNAL, _signal_attributes(signum, frame), f"terminated by {name}")
             contained()(telemetry.shutdown)(_exit_deadline - time.monotonic())

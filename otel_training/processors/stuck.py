@@ -27,10 +27,8 @@ import logging
 import math
 import os
 import signal as signal_module
-import sys
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +47,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from otel_training import semconv as sc
 from otel_training._sdk_compat import span_pipeline, tracer_for_pipeline
+from otel_training._stacks import thread_stacks
 from otel_training.processors import alert_context
 from otel_training.processors.thresholds import AdaptiveSettings, Threshold, ThresholdLearner
 
@@ -62,8 +61,6 @@ MIN_THRESHOLD_S = 0.01
 _MAX_WAIT_S = 3600.0
 #: The first span of a name may take this many times the threshold (DLRover: 120 vs 10 minutes).
 DEFAULT_FIRST_FACTOR = 10.0
-MAX_STACK_CHARS = 16_384
-MAX_STACK_FRAMES = 40
 _MAX_CACHED_NAMES = 4096
 _PATTERN_CHARS = frozenset("*?[")
 _ids = RandomIdGenerator()
@@ -566,22 +563,3 @@ def _describe(attributes: Mapping[str, Any] | None) -> str:
         return ""
     parts = [f"{key.rsplit('.', 1)[-1]} {attributes[key]}" for key in (sc.EPOCH, sc.STEP) if key in attributes]
     return ", ".join(parts)
-
-
-def thread_stacks(first_thread_id: int | None = None, max_chars: int = MAX_STACK_CHARS,
-                  max_frames: int = MAX_STACK_FRAMES) -> str:
-    """Every Python thread's stack (innermost ``max_frames`` frames), bounded to ``max_chars``."""
-    frames = sys._current_frames()  # noqa: SLF001 - the only way to see other threads' stacks
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    me = threading.get_ident()
-    order = sorted((ident for ident in frames if ident != me or ident == first_thread_id),
-                   key=lambda ident: ident != first_thread_id)
-    parts = []
-    for ident in order:
-        mark = " (the stuck span's thread)" if ident == first_thread_id else ""
-        stack = "".join(traceback.format_stack(frames[ident], limit=max_frames))
-        parts.append(f"Thread {names.get(ident, '?')} ({ident}){mark}, most recent call last:\n{stack}")
-    text = "\n".join(parts)
-    if len(text) > max_chars:
-        text = text[: max_chars - 15] + "\n...[truncated]"
-    return text

@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
+from otel_training._stacks import bounded
 from otel_training.pipeline import exporters as factory
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
 
@@ -53,7 +54,6 @@ ENV_GRACE_S = "OTEL_TRAINING__WATCHDOG_GRACE_S"
 ENV_POLL_S = "OTEL_TRAINING__WATCHDOG_POLL_S"
 ENV_ESCALATION_S = "OTEL_TRAINING__WATCHDOG_ESCALATION_S"
 
-MAX_STACK_CHARS = 16_384
 PY_SPY_TIMEOUT_S = 10.0
 
 
@@ -74,10 +74,7 @@ def py_spy_stacks(pid: int) -> tuple[str | None, str | None]:
         return None, f"py-spy failed: {error}"
     if result.returncode != 0:
         return None, f"py-spy exited with {result.returncode} (ptrace permission?): {result.stderr.strip()[:500]}"
-    text = result.stdout
-    if len(text) > MAX_STACK_CHARS:
-        text = text[: MAX_STACK_CHARS - 15] + "\n...[truncated]"
-    return text, None
+    return bounded(result.stdout), None
 
 
 class Watchdog:
