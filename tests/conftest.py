@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import otel_training
 from otel_training.lifecycle import hooks
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 
 
 @pytest.fixture(autouse=True)

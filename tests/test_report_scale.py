@@ -28,8 +28,7 @@ from otel_training.report import (
 from otel_training.report import files as report_files_module
 from otel_training.report.files import report_files
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from report_job import generate
+from report_job import generate  # bench/report_job.py (pythonpath in pyproject.toml)
 
 FROZEN = json.loads((Path(__file__).parent / "fixtures" / "report_figures.json").read_text())
 

@@ -13,7 +13,6 @@ under CI a missing prerequisite is a failure.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +20,9 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "stack"))
-sys.path.insert(0, str(HERE))
 
-import stack as stack_mod  # noqa: E402  (scripts/stack/stack.py)
-from stack_helpers import WebhookReceiver  # noqa: E402
+import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+from stack_helpers import WebhookReceiver
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import stack as stack_mod  # scripts/stack/stack.py (on sys.path via conftest)
+import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
 
 
 def _ports() -> "stack_mod.Ports":
