@@ -462,10 +462,10 @@ def test_a_broken_pipeline_never_reaches_user_code_and_areal_files_are_still_wri
         raise ConfigError("option output_dir: cannot create the trace directory")
 
     from otel_training.compat.areal import scope, sessions
-    from otel_training.events import duration
+    from otel_training.events import process
     from otel_training.integrations import spans
 
-    for module in (duration, spans, scope, sessions):  # where perf_tracer looks up the runtime
+    for module in (process, spans, scope, sessions):  # where perf_tracer looks up the runtime
         monkeypatch.setattr(module, "runtime", broken)
     perf_tracer.configure(make_config(tmp_path, sessions=True), rank=0)
 

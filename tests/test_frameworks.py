@@ -181,3 +181,26 @@ def test_keras_callback(configure):
     assert counts[sc.SPAN_EVALUATE] == 2 and counts[sc.SPAN_PREDICT] == 1 and counts[sc.SPAN_PREDICT_STEP] == 2
     step_logs = [e for s in steps for e in s["events"] if e["name"] == "#log"]
     assert len(step_logs) == 6 and all(sc.LOSS in e["attributes"] for e in step_logs)
+
+
+def test_a_callback_given_a_tracer_provider_sends_its_spans_there(configure):
+    """As contrib's instrumentors: a callback built with ``tracer_provider=`` records into that provider."""
+    keras = require("keras")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.integrations.keras import OpenTelemetryCallback
+
+    telemetry = configure()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = torch.randn(16, 4).numpy(), torch.randn(16, 1).numpy()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[OpenTelemetryCallback(tracer_provider=provider)])
+    counts = Counter(span.name for span in exporter.get_finished_spans())
+    assert counts[sc.SPAN_TRAIN] == 1 and counts[sc.SPAN_EPOCH] == 1 and counts[sc.SPAN_STEP] == 2
+    assert telemetry.force_flush(5).completed
+    assert not telemetry.trace_path.exists() or not by_name(spans_of(telemetry), sc.SPAN_STEP)

@@ -482,3 +482,55 @@ def test_an_optimizer_subclass_calling_super_step_counts_once(instrumented):
         optimizer.step()
     steps = named(spans_of(instrumented), sc.SPAN_STEP)
     assert [s["attributes"][sc.STEP_OPTIMIZER_STEPS] for s in steps] == [1, 1, 1]
+
+
+def _train(batches: int, accumulation: int = 1) -> None:
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for index, (x, y) in enumerate(make_loader(batches, delay_s=0.0003)):
+        (torch.nn.functional.mse_loss(model(x), y) / accumulation).backward()
+        if (index + 1) % accumulation == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def test_an_injected_tracer_provider_gets_the_spans_the_pipeline_does_not(configure):
+    """As contrib's instrumentors: ``instrument(tracer_provider=...)`` sends the spans to that provider."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    telemetry = configure()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        _train(6, accumulation=2)
+    finally:
+        instrumentor.uninstrument()
+    mine = exporter.get_finished_spans()
+    steps = sorted((s for s in mine if s.name == sc.SPAN_STEP), key=lambda s: s.start_time)
+    assert [s.attributes[sc.STEP] for s in steps] == [0, 1, 2]
+    assert {s.instrumentation_scope.name for s in mine} == {sc.INSTRUMENTATION_SCOPE}
+    # substeps and data waits, recorded after the fact, follow their step into the same provider
+    by_id = {s.context.span_id: s for s in steps}
+    substeps = [s for s in mine if s.name == sc.SPAN_SUBSTEP]
+    waits = [s for s in mine if s.name == sc.SPAN_DATA_WAIT]
+    assert len(substeps) == 6 and all(s.parent.span_id in by_id for s in substeps)
+    assert len(waits) == 6 and all(s.parent.span_id in by_id for s in waits)
+    assert telemetry.force_flush(5).completed
+    in_pipeline = read_spans(telemetry.trace_path) if telemetry.trace_path.exists() else []  # written on first span
+    assert not [s for s in in_pipeline if s["name"] in (sc.SPAN_STEP, sc.SPAN_SUBSTEP, sc.SPAN_DATA_WAIT)]
+
+
+def test_suppress_instrumentation_records_nothing(instrumented):
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    with suppress_instrumentation():
+        _train(4)
+    _train(3)
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert [s["attributes"][sc.STEP] for s in steps] == [0, 1, 2]  # only the loop outside it
+    assert not [s for s in named(spans_of(instrumented), sc.SPAN_DATA_WAIT) if s["end"] < steps[0]["start"]]

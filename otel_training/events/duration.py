@@ -29,8 +29,7 @@ from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.events.attributes import text, to_attributes
 from otel_training.events import device as _device
-from otel_training.events import runtime as _runtime_module
-from otel_training.events.runtime import EventsRuntime, runtime
+from otel_training.events.runtime import EventsRuntime
 
 if TYPE_CHECKING:
     from otel_training.events.process import Process
@@ -60,6 +59,7 @@ class Duration:
         "_segment_index",
         "_child_context",
         "_ended",
+        "_runtime",
     )
 
     def __init__(
@@ -88,6 +88,8 @@ class Duration:
         self._segment_index = 0
         self._child_context: Context | None = None
         self._ended = False
+        #: The runtime its span was begun in (its process's: the pipeline's, or an injected provider's).
+        self._runtime: EventsRuntime | None = None
 
     # -- the span -----------------------------------------------------------
     @property
@@ -110,7 +112,8 @@ class Duration:
                          exc_info=False)
                 return self
             if rt is None:
-                rt = runtime()
+                rt = self._process.events_runtime()
+            self._runtime = rt
             parent = _CURRENT.get()
             context = None
             if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
@@ -166,8 +169,8 @@ class Duration:
                 self._end_segment()
             span.end()
             # A NonRecordingSpan (OTEL_SDK_DISABLED) has no parent attribute.
-            if getattr(span, "parent", None) is None and _runtime_module._runtime is not None:
-                _runtime_module._runtime.forget(span.get_span_context().trace_id)
+            if getattr(span, "parent", None) is None and self._runtime is not None:
+                self._runtime.forget(span.get_span_context().trace_id)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
             log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
 
@@ -310,7 +313,7 @@ class StepDuration(Duration):
         step = timeline = rt = None
         if self._span is None:
             try:
-                rt = runtime()
+                rt = self._process.events_runtime()
                 timeline = rt.device
                 if timeline is None and _device.may_probe():
                     timeline = _device.probe(rt)
@@ -365,7 +368,7 @@ class HostWork(Duration):
 
     def _begin(self, rt: EventsRuntime | None) -> Duration:
         super()._begin(rt)
-        current = _runtime_module._runtime
+        current = self._runtime
         if self._span is not None and self._counted_in is None and current is not None:
             self._counted_in = current
             if self.name == sc.SPAN_TRAIN:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training.events.attributes import METRIC_PREFIX, to_attributes
 from otel_training.events.duration import Duration, HostWork, StepDuration
@@ -23,8 +25,8 @@ def _given(**values: Any) -> dict[str, Any] | None:
 class TrainerProcess(Process):
     """Events of a training process (one per rank)."""
 
-    def __init__(self, target: str = sc.TARGET_TRAINER) -> None:
-        super().__init__(target)
+    def __init__(self, target: str = sc.TARGET_TRAINER, *, tracer_provider: TracerProvider | None = None) -> None:
+        super().__init__(target, tracer_provider=tracer_provider)
 
     # Instants.
     def start(self, **content: Any) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.events.attributes import readable, text, to_attributes
 from otel_training.events.duration import Duration
-from otel_training.events.runtime import current_recording_span, runtime
+from otel_training.events.runtime import EventsRuntime, current_recording_span, runtime, runtime_for
 
 D = TypeVar("D", bound=Duration)
 
@@ -24,15 +26,22 @@ D = TypeVar("D", bound=Duration)
 class Process:
     """Emits the events of one target (``TrainerProcess``, an agent, your component)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, tracer_provider: TracerProvider | None = None) -> None:
         # Spans and events carry it: a lone surrogate would lose them at export.
         self.target = text(target) if isinstance(target, str) else target
+        #: Where its spans go: the configured pipeline's provider when None.
+        self.tracer_provider = tracer_provider
+
+    def events_runtime(self) -> EventsRuntime:
+        """The runtime its spans are made in (the pipeline's, or one for its ``tracer_provider``)."""
+        provider = self.tracer_provider
+        return runtime() if provider is None else runtime_for(provider)
 
     @contained(default=None)
     def _event(self, event_name: str, name: str, attributes: dict[str, Any]) -> None:
         attributes[sc.EVENT_TARGET] = self.target
         attributes[sc.EVENT_NAME] = text(name)
-        span = current_recording_span() or runtime().process_span(self.target)
+        span = current_recording_span() or self.events_runtime().process_span(self.target)
         span.add_event(text(event_name), attributes)
 
     def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 
 from otel_training import semconv as sc
+from otel_training._version import __version__
 from otel_training.pipeline import telemetry as _telemetry
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
@@ -59,9 +61,17 @@ class _ProcessSpan:
 
 
 class EventsRuntime:
-    def __init__(self, telemetry: _telemetry.Telemetry) -> None:
+    """The events API's state for one pipeline and one tracer.
+
+    ``tracer``: spans go to another ``TracerProvider`` than the pipeline's (an instrumentor or a
+    callback given ``tracer_provider=``, as contrib's instrumentors take one), process spans
+    included; the pipeline's options (trace budgets) still apply. The lifecycle hooks record a
+    thread's death on the pipeline's own process span.
+    """
+
+    def __init__(self, telemetry: _telemetry.Telemetry, tracer: Tracer | None = None) -> None:
         self.telemetry = telemetry
-        self.tracer = telemetry.tracer
+        self.tracer = tracer if tracer is not None else telemetry.tracer
         self.max_spans: int = telemetry.options["trace_max_spans"]
         self.max_age_s: float = telemetry.options["trace_max_age_s"]
         # trace_id -> [spans begun in it through this API, monotonic start]
@@ -76,7 +86,8 @@ class EventsRuntime:
         self.host_work = 0
         self.training: bool | None = None
         telemetry.on_shutdown(self.close)
-        telemetry.process_span = self.process_span
+        if tracer is None:
+            telemetry.process_span = self.process_span
 
     def charge(self, trace_id: int) -> None:
         """Count one more span in ``trace_id``."""
@@ -137,6 +148,25 @@ def runtime() -> EventsRuntime:
         if _runtime is None or _runtime.telemetry is not telemetry:
             _runtime = EventsRuntime(telemetry)
         return _runtime
+
+
+# Per injected provider (held weakly: a provider dropped is freed), the runtime for the current pipeline.
+_provided: weakref.WeakKeyDictionary[TracerProvider, EventsRuntime] = weakref.WeakKeyDictionary()
+
+
+def runtime_for(tracer_provider: TracerProvider | None) -> EventsRuntime:
+    """The runtime whose spans go to ``tracer_provider`` (the pipeline's own when None)."""
+    default = runtime()
+    if tracer_provider is None:
+        return default
+    provided = _provided.get(tracer_provider)
+    if provided is None or provided.telemetry is not default.telemetry:
+        with _runtime_lock:
+            provided = _provided.get(tracer_provider)
+            if provided is None or provided.telemetry is not default.telemetry:
+                tracer = tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL)
+                provided = _provided[tracer_provider] = EventsRuntime(default.telemetry, tracer)
+    return provided
 
 
 def current_recording_span() -> Span | None:

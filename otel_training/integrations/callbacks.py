@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.events.duration import Duration
@@ -25,9 +27,11 @@ _TORCH_INSTRUMENTOR = "otel_training.integrations.torch.instrumentor"
 class CallbackSpans:
     """Open spans of one framework callback, by kind."""
 
-    def __init__(self, source: str, events: TrainerProcess | None = None) -> None:
+    def __init__(self, source: str, events: TrainerProcess | None = None, *,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self.source = source
-        self.events = events or TrainerProcess()
+        # ``tracer_provider``: as contrib's instrumentors, spans go there instead of the pipeline's.
+        self.events = events or TrainerProcess(tracer_provider=tracer_provider)
         self._open: dict[str, Duration] = {}
         self._resume: Callable[[], None] | None = None
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import keras
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.events.predefined import TrainerProcess
@@ -23,9 +25,9 @@ SOURCE = "keras"
 class OpenTelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Keras hooks -> ``training.train/epoch/step/evaluate/predict/predict_step`` spans."""
 
-    def __init__(self, events: TrainerProcess | None = None) -> None:
+    def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:
         super().__init__()
-        self.spans = CallbackSpans(SOURCE, events)
+        self.spans = CallbackSpans(SOURCE, events, tracer_provider=tracer_provider)
         self._global_step = 0
 
     @contained(default=None)

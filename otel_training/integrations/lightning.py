@@ -19,6 +19,8 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.events.predefined import TrainerProcess
@@ -30,9 +32,9 @@ SOURCE = "lightning"
 class OpenTelemetryCallback(Callback):  # type: ignore[misc]
     """Lightning hooks -> ``training.train/epoch/step/substep/evaluate/predict/save_checkpoint`` spans."""
 
-    def __init__(self, events: TrainerProcess | None = None) -> None:
+    def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:
         super().__init__()
-        self.spans = CallbackSpans(SOURCE, events)
+        self.spans = CallbackSpans(SOURCE, events, tracer_provider=tracer_provider)
         self._step_start_global = 0
         self._substep = 0
         self._trainer: Any = None

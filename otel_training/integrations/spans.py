@@ -15,7 +15,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_training import semconv as sc
-from otel_training.events.runtime import runtime
+from otel_training.events.runtime import EventsRuntime, runtime
 
 
 def record_span(
@@ -27,15 +27,17 @@ def record_span(
     parent: Span | None = None,
     target: str = sc.TARGET_TRAINER,
     error: BaseException | str | None = None,
+    events: EventsRuntime | None = None,
 ) -> Span:
     """Emit a finished span ``[start_ns, end_ns]`` (wall-clock ns) under ``parent`` (or the current span).
 
     An ``error`` (other than StopIteration) is recorded and sets status ERROR; a
     string is the message of a failure that has no exception (a rollout session
     marked failed). The ended span is returned so that work recorded after it,
-    with its own measured times, can be its children.
+    with its own measured times, can be its children. ``events``: the runtime of the
+    ``Process`` it belongs to (one with an injected provider), else the pipeline's.
     """
-    rt = runtime()
+    rt = events if events is not None else runtime()
     attrs = {sc.EVENT_TARGET: target, sc.EVENT_NAME: event_name}
     attrs.update(attributes)
     context = trace_api.set_span_in_context(parent) if parent is not None else None

@@ -16,6 +16,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from opentelemetry.trace import TracerProvider
+
 from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training.events.predefined import TrainerProcess
@@ -28,8 +30,8 @@ SOURCE = "transformers"
 class OpenTelemetryCallback(TrainerCallback):  # type: ignore[misc]
     """HF ``Trainer`` hooks -> ``training.*`` spans."""
 
-    def __init__(self, events: TrainerProcess | None = None) -> None:
-        self.spans = CallbackSpans(SOURCE, events)
+    def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:
+        self.spans = CallbackSpans(SOURCE, events, tracer_provider=tracer_provider)
         self._substep = 0
         self._last_ns = time.time_ns()
 
@@ -112,7 +114,8 @@ class OpenTelemetryCallback(TrainerCallback):  # type: ignore[misc]
         size = _directory_bytes(path)
         if size is not None:
             attributes[sc.CHECKPOINT_BYTES] = size
-        record_span(sc.SPAN_SAVE_CHECKPOINT, "#save_ckpt", self._last_ns, time.time_ns(), attributes)
+        record_span(sc.SPAN_SAVE_CHECKPOINT, "#save_ckpt", self._last_ns, time.time_ns(), attributes,
+                    events=self.spans.events.events_runtime())
         self._mark()
 
 

@@ -15,6 +15,11 @@ import time in programs that never use it.
 nothing configured) until the process trains, then ``claim(rank, world_size)``
 configures it (see ``steps.StepTracker``). Auto-instrumentation uses it for the
 processes an instrumented process starts.
+
+As contrib's instrumentors: ``instrument(tracer_provider=...)`` sends the spans to
+that provider instead of the configured pipeline's (the pipeline's options, such as
+trace budgets, still apply), and inside ``suppress_instrumentation()`` the patched
+functions and hooks record nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 
 from otel_training._contain import contained, log_once
 
@@ -47,6 +52,8 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._generation = getattr(self, "_generation", 0) + 1
         self._undo: list[Callable[[], None]] = []
         self._claim = kwargs.get("claim")
+        #: As contrib's instrumentors: spans go to this provider instead of the configured pipeline's.
+        self._tracer_provider = kwargs.get("tracer_provider")
         generation = self._generation
         if "torch" in sys.modules:
             self._patch_torch()
@@ -63,7 +70,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         owner = module
         for part in owner_path.split(".") if owner_path else ():
             owner = getattr(owner, part)
-        wrapt.wrap_function_wrapper(module, name, wrapper)
+        wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
         self._undo.append(lambda: unwrap(owner, attribute))
 
     def _patch_torch(self) -> None:
@@ -74,7 +81,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         from otel_training.integrations.torch import checkpoint, distributed
         from otel_training.integrations.torch.steps import StepTracker
 
-        tracker = StepTracker(claim=self._claim)
+        tracker = StepTracker(claim=self._claim, tracer_provider=self._tracer_provider)
         TorchInstrumentor.tracker = tracker
         self._undo.append(tracker.shutdown)
         for register, hook in (
@@ -137,6 +144,16 @@ def suspend_steps() -> Callable[[], None]:
 
 
 # -- wrappers (each calls the original outside any try that could swallow its errors)
+
+
+def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """Inside ``suppress_instrumentation()`` the patched function runs as if it were not patched."""
+    def gated(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        return wrapper(wrapped, instance, args, kwargs)
+
+    return gated
 
 
 def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:

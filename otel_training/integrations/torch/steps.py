@@ -48,13 +48,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.pipeline.telemetry import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
-from otel_training.events.runtime import runtime
 from otel_training.integrations.spans import record_span
 
 SOURCE = "torch"
@@ -72,8 +73,8 @@ Claim = Callable[[Any, Any], bool]
 class StepTracker:
     """The step state machine; the instrumentor feeds it hook calls."""
 
-    def __init__(self, claim: Claim | None = None) -> None:
-        self.trainer = TrainerProcess()
+    def __init__(self, claim: Claim | None = None, tracer_provider: TracerProvider | None = None) -> None:
+        self.trainer = TrainerProcess(tracer_provider=tracer_provider)
         #: Set by framework callbacks that emit their own step spans.
         self.suspended = False
         #: Records nothing: dormant until the process trains (``claim`` pending), or the claim was refused.
@@ -136,7 +137,7 @@ class StepTracker:
 
     # -- ownership ----------------------------------------------------------
     def _mine(self) -> bool:
-        if self.suspended or (self.inert and self._asleep()):
+        if self.suspended or (self.inert and self._asleep()) or not is_instrumentation_enabled():
             return False
         ident = threading.get_ident()
         if self._owner is None:
@@ -152,7 +153,7 @@ class StepTracker:
         """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``."""
         self._disarm_forward()
         self._just_closed = False
-        rt = runtime()
+        rt = self.trainer.events_runtime()
         if rt.telemetry is not self._telemetry:
             self._telemetry = rt.telemetry
             rt.telemetry.on_shutdown(self.close)
@@ -185,7 +186,8 @@ class StepTracker:
             start = self._start_ns
             for index, end in enumerate(self._backward_ends):
                 record_span(sc.SPAN_SUBSTEP, "#substep", start, end,
-                            {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span)
+                            {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span,
+                            events=self.trainer.events_runtime())
                 start = end
         ctx.run(step.end)
         self._number += 1
@@ -250,7 +252,8 @@ class StepTracker:
                 step.input_ready()
         if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None and not isinstance(error, StopIteration)):
             record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
-                        parent=step.span if step is not None else None, error=error)
+                        parent=step.span if step is not None else None, error=error,
+                        events=self.trainer.events_runtime())
 
     @contained(default=None)
     def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
