@@ -19,8 +19,8 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def http_ok(url: str) -> bool:
-    status, _ = http_get(url, timeout=1.0)
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    status, _ = http_get(url, timeout=timeout)
     return status == 200
 
 

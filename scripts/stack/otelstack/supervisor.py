@@ -44,12 +44,12 @@ class Component:
             return self.popen.poll() is None
         return self.pid is not None and _pid_alive(self.pid)
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout: float = 1.0) -> bool:
         """Running and answering 200 on its health URL now."""
         if not self.running():
             return False
         try:
-            return http_ok(self.health_url)
+            return http_ok(self.health_url, timeout)
         except OSError:
             return False
 

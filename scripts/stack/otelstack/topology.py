@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The agent/gateway topology of docs/pipeline.md, run natively on loopback:
 
     ranks --OTLP--> agents (agent.yaml + agent-dns.yaml) --load balancing by trace id-->
@@ -31,7 +30,6 @@ from pathlib import Path
 from . import services
 from ._base import LOOPBACK, StackError
 from .binaries import Binaries
-from .polling import http_get
 from .ports import free_ports, shared_port
 from .render import clean_env, collector_env, jaeger_env
 from .supervisor import Component, Supervisor
@@ -176,14 +174,7 @@ class Topology:
 
     def _check_health(self) -> None:
         while not self._stop.wait(0.2):
-            live = []
-            for gateway in self.gateways:
-                try:
-                    if gateway.proc.running() and http_get(gateway.proc.health_url, timeout=0.5)[0] == 200:
-                        live.append(gateway.address)
-                except OSError:
-                    pass
-            self._write_hosts(live)
+            self._write_hosts([g.address for g in self.gateways if g.proc.healthy(timeout=0.5)])
 
     @property
     def live_gateways(self) -> list[str]:
