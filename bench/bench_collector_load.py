@@ -1,6 +1,6 @@
 """Load through the real collector: many simulated ranks, spans/s delivered and dropped.
 
-Starts the native stack (scripts/stack/stack.py: the collector built by ocb,
+Starts the native stack (scripts/stack/otelstack/: the collector built by ocb,
 Jaeger v2, Prometheus, Alertmanager, all on free loopback ports) in a
 temporary directory, then for each rank count in ``--ranks`` forks that many
 processes. Each is one simulated rank: ``otel_training.configure(exporter="otlp")``
@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts" / "stack"))
 
-import stack as stack_mod  # noqa: E402  (scripts/stack/stack.py)
+import otelstack as stack_mod  # noqa: E402  (scripts/stack/otelstack/)
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 

@@ -1,6 +1,6 @@
 """Spans/s through 1 and through 2 tail-sampling gateways, and CPU per 10k spans/s, in one run.
 
-For each gateway count, starts the topology of scripts/stack/topology.py on loopback (Jaeger on
+For each gateway count, starts the topology of scripts/stack/otelstack/topology.py on loopback (Jaeger on
 Badger, the gateways, 2 agents finding them by DNS) in a temporary directory, then
 ``--senders`` processes send OTLP/gRPC export requests to the agents as fast as the agents
 take them, for ``--duration`` seconds. The requests are what an SDK's OTLP exporter sends:
@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts" / "stack"))
 sys.path.insert(0, str(REPO / "bench"))
 
-import stack as stack_mod  # noqa: E402  (scripts/stack/stack.py)
-import topology as topology_mod  # noqa: E402  (scripts/stack/topology.py)
+import otelstack as stack_mod  # noqa: E402  (scripts/stack/otelstack/)
+from otelstack import topology as topology_mod  # noqa: E402  (scripts/stack/otelstack/topology.py)
 from bench_collector_load import counter  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts" / "stack"))
 
-import stack as stack_mod  # noqa: E402  (scripts/stack/stack.py)
+import otelstack as stack_mod  # noqa: E402  (scripts/stack/otelstack/)
 
 _LOOP = """
 import json, sys, time

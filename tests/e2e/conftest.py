@@ -21,7 +21,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import WebhookReceiver
 
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
-from stack import http_get, wait_until  # scripts/stack/stack.py
+from otelstack import http_get, wait_until  # scripts/stack/otelstack/
 
 __all__ = [
     "WebhookReceiver",

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_mod  # scripts/stack/stack.py
+import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, Training, jaeger_spans, new_job_id, read_timings, training_env, worker_argv
 

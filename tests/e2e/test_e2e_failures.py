@@ -28,7 +28,7 @@ import yaml
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-import stack as stack_mod  # scripts/stack/stack.py
+import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import read_alert_sink, scrape_samples, wait_until
 from training_helpers import (
     DEADLINE,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_mod  # scripts/stack/stack.py
+import otelstack as stack_mod  # scripts/stack/otelstack/
 from hang_ranks import Ranks
 from requirements import require
 from stack_helpers import WebhookReceiver

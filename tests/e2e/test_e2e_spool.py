@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from otlp_json import read_spans
-from stack import wait_until
+from otelstack import wait_until
 from training_helpers import REPO, jaeger_spans, new_job_id
 
 pytestmark = pytest.mark.e2e

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, REPO, Training, new_job_id, worker_argv
 

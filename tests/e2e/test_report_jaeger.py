@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from stack import http_get  # scripts/stack/stack.py
+from otelstack import http_get  # scripts/stack/otelstack/
 from stack_helpers import wait_until
 from training_helpers import BIN, DEADLINE, E2E_MARKS, REPO, Training, new_job_id, training_env, worker_argv
 

@@ -190,7 +190,7 @@ def test_compose_prometheus_versions_match_debian(service, argv, image):
 
 @pytest.fixture(scope="module")
 def stack_mod_paths():
-    import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+    import otelstack as stack_mod  # scripts/stack/otelstack/
 
     return stack_mod.cached_binary_paths()
 
@@ -401,10 +401,10 @@ def test_compose_services_listen_where_they_are_reached():
 
 
 def test_native_stack_listens_on_loopback_only(tmp_path):
-    """scripts/stack/stack.py gives every process a loopback address: the collector
+    """The native stack (scripts/stack/otelstack/) gives every process a loopback address: the collector
     and Jaeger through their variables, Prometheus and Alertmanager through their
     flags (which otherwise default to all interfaces), and no Alertmanager cluster port."""
-    import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+    import otelstack as stack_mod  # scripts/stack/otelstack/
 
     fake = Path("/nonexistent")
     s = stack_mod.Stack(tmp_path, binaries=stack_mod.Binaries(fake, fake, fake, fake))

@@ -1,4 +1,4 @@
-"""scripts/stack/stack.py without the real binaries: rendering, ports, and
+"""The native stack (scripts/stack/otelstack/) without the real binaries: rendering, ports, and
 process-group shutdown (SIGTERM, then SIGKILL after the deadline)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import stack as stack_mod  # scripts/stack/stack.py (pythonpath in pyproject.toml)
+import otelstack as stack_mod  # scripts/stack/otelstack/ (pythonpath in pyproject.toml)
+from otelstack import render, supervisor
 
 
 def _ports() -> "stack_mod.Ports":
@@ -73,7 +74,7 @@ def test_render_rules_replacements_must_match():
 
 def test_render_refuses_a_config_it_does_not_recognise(monkeypatch, tmp_path: Path):
     (tmp_path / "prometheus.yml").write_text("global: {}\n")
-    monkeypatch.setattr(stack_mod, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(render, "CONFIG_DIR", tmp_path)
     with pytest.raises(stack_mod.StackError, match="otel-collector:8889"):
         stack_mod.render_prometheus(_ports(), tmp_path / "r.yml", scrape_interval="1s", evaluation_interval="1s")
 
@@ -100,12 +101,13 @@ while True:
 """
 
 
-def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "stack_mod.Proc", Path]:
+def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "stack_mod.Component", Path]:
     s = stack_mod.Stack(tmp_path)
     marker = tmp_path / f"{name}.started"
-    proc = stack_mod.Proc(name, [sys.executable, "-c", script, str(marker)], dict(os.environ), tmp_path / f"{name}.log", "http://127.0.0.1:1/")
-    s.procs = {"collector": proc}
-    s._spawn(proc)
+    proc = stack_mod.Component("collector", [sys.executable, "-c", script, str(marker)], dict(os.environ),
+                               tmp_path / f"{name}.log", "http://127.0.0.1:1/")
+    s.supervisor.add(proc)
+    s.supervisor.spawn(proc.name)
     stack_mod.wait_until(marker.exists, timeout=20, what=f"{name} to start")
     return s, proc, marker
 
@@ -119,7 +121,7 @@ def test_stop_sigkills_a_process_group_that_ignores_sigterm(tmp_path: Path):
     assert not proc.running()
     assert proc.popen.returncode == -signal.SIGKILL
     # The grandchild was in the same process group: it is gone too.
-    stack_mod.wait_until(lambda: not stack_mod._pid_alive(child), timeout=5, what="grandchild to die")
+    stack_mod.wait_until(lambda: not supervisor._pid_alive(child), timeout=5, what="grandchild to die")
     assert 1.0 <= elapsed < 8.0
 
 

@@ -1,4 +1,4 @@
-"""The agent/gateway topology, run for real on loopback (scripts/stack/topology.py):
+"""The agent/gateway topology, run for real on loopback (scripts/stack/otelstack/topology.py):
 simulated ranks (scripts/stack/sim_rank.py: the package, OTLP) -> 2 agents ->
 load balancing by trace id (DNS) -> 2 gateways (tail sampling) -> Jaeger (Badger).
 
@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import stack as stack_mod  # scripts/stack/stack.py
-import topology as topology_mod  # scripts/stack/topology.py
+import otelstack as stack_mod  # scripts/stack/otelstack/
+from otelstack import topology as topology_mod  # scripts/stack/otelstack/topology.py
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, REPO, new_job_id
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stack import http_get, wait_until  # scripts/stack/stack.py
+from otelstack import http_get, wait_until  # scripts/stack/otelstack/
 from stack_helpers import jaeger_traces, span_tags
 
 #: The marks of these tests: e2e, and a timeout that lets a cold cache build the binaries first.

@@ -1,0 +1,79 @@
+"""Run the otel-training observability stack natively, on loopback, without Docker:
+the collector and Jaeger built by ``scripts/stack/build.sh``, Prometheus and Alertmanager
+from Debian's packages, each from the same configuration files as docker-compose.yml
+(``collector-config/``), on free loopback ports, with its log in ``<run_dir>/logs/``::
+
+    python scripts/stack/stack.py up [--run-dir DIR] [--fast] [--webhook-url URL]
+    python scripts/stack/stack.py status [--run-dir DIR]
+    python scripts/stack/stack.py down [--run-dir DIR]
+    python scripts/stack/stack.py build
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from ._base import StackError, default_run_dir
+from .binaries import cached_binary_paths, ensure_binaries, missing_prerequisites
+from .native import Stack
+
+#: The command that runs this CLI, as the docs spell it.
+SCRIPT = "scripts/stack/stack.py"
+
+
+def _print_endpoints(s: Stack) -> None:
+    print(json.dumps(s.endpoints(), indent=2))
+    print("\n# export to this stack from a training process:")
+    for k, v in s.client_env().items():
+        print(f"export {k}={v}")
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "status", "build"])
+    ap.add_argument("--run-dir", type=Path, default=default_run_dir(), help="state, rendered configs, logs, data (default: %(default)s)")
+    ap.add_argument("--webhook-url", default=None, help="Alertmanager webhook receiver URL")
+    ap.add_argument("--fast", action="store_true", help="1s scrape/evaluation/flush intervals and short Alertmanager waits (demos, tests)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per-component startup deadline in seconds")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+
+    if args.command == "build":
+        ensure_binaries()
+        print(json.dumps(cached_binary_paths(), indent=2))
+        return 0
+    if args.command == "up":
+        if (args.run_dir / "stack.json").exists():
+            existing = Stack.from_state(args.run_dir)
+            if any(p.running() for p in existing.procs.values()):
+                print(f"a stack is already running from {args.run_dir} (use 'down' first):", file=sys.stderr)
+                _print_endpoints(existing)
+                return 1
+        missing = missing_prerequisites()
+        if missing:
+            print("cannot start the stack, missing:\n  " + "\n  ".join(missing), file=sys.stderr)
+            return 2
+        s = Stack(args.run_dir, webhook_url=args.webhook_url, fast=args.fast, startup_timeout=args.timeout)
+        try:
+            s.start()
+        except StackError as exc:
+            print(f"stack failed to start: {exc}", file=sys.stderr)
+            return 1
+        print(f"stack is up; logs in {s.log_dir}; stop with: python {SCRIPT} down --run-dir {s.run_dir}")
+        _print_endpoints(s)
+        return 0
+    try:
+        s = Stack.from_state(args.run_dir)
+    except StackError as exc:
+        print(str(exc), file=sys.stderr)
+        return 0 if args.command == "down" else 1
+    if args.command == "status":
+        st = s.status()
+        print(json.dumps({"components": st, "endpoints": s.endpoints()}, indent=2))
+        return 0 if all(c["healthy"] for c in st.values()) else 1
+    s.stop()
+    print(f"stopped the stack recorded in {args.run_dir}")
+    return 0
