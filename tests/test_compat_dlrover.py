@@ -132,6 +132,7 @@ def test_json_lines_when_dlrover_is_told_so(log: Log, monkeypatch: pytest.Monkey
     datetime.fromisoformat(record["event_time"])
 
 
+@pytest.mark.realtime
 def test_instants_are_in_the_file_within_a_second_with_nothing_open(log: Log) -> None:
     trainer = dlrover.TrainerProcess("AtorchTrainerV2")
     started = time.monotonic()
@@ -145,6 +146,7 @@ def test_instants_are_in_the_file_within_a_second_with_nothing_open(log: Log) ->
     step.end()
 
 
+@pytest.mark.realtime
 def test_the_writer_never_holds_up_training_it_drops_and_counts(tmp_path: Path) -> None:
     fifo = tmp_path / "events"
     fifo.mkdir()

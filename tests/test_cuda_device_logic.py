@@ -121,6 +121,7 @@ def test_a_marker_completed_before_the_anchor_gets_a_negative_offset(cuda: FakeC
     assert abs(done - recorded) < 1_000_000
 
 
+@pytest.mark.realtime
 def test_a_busy_anchor_stream_neither_blocks_nor_skews(cuda: FakeCuda) -> None:
     cuda.side_busy_until_ns = time.time_ns() + 3_600_000_000_000  # a collective that never ends
     device = CudaDevice(cuda)

@@ -530,6 +530,7 @@ def test_rates_use_the_device_time(configure, fake) -> None:
     assert tokens.sum == pytest.approx(sum(1000 / d for d in device_s), rel=0.01)
 
 
+@pytest.mark.realtime
 def test_shutdown_keeps_to_its_own_timeout(configure, fake) -> None:
     import time
 

@@ -111,6 +111,7 @@ def _steps_to(endpoint: str, steps: int, configure, monkeypatch: pytest.MonkeyPa
     return telemetry
 
 
+@pytest.mark.realtime
 def test_shutdown_against_an_unreachable_collector_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
     telemetry = _steps_to(f"http://127.0.0.1:{_closed_port()}", 200, configure, monkeypatch)
     started = time.monotonic()
@@ -120,6 +121,7 @@ def test_shutdown_against_an_unreachable_collector_is_bounded(configure, monkeyp
     assert result.dropped == 200 and result.exported == 0 and not result.completed
 
 
+@pytest.mark.realtime
 def test_flush_against_a_collector_that_never_answers_is_bounded(configure, monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer that accepts TCP connections but never speaks: the worst case for gRPC."""
     with socket.socket() as blackhole:
@@ -211,6 +213,7 @@ def test_an_uncaught_exception_exits_within_one_exit_budget() -> None:
     assert exit_time < 2 + 1.5 and exit_time < 2 * 2, f"exit took {exit_time:.2f} s (budget 2 s)"
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("open_files", [0, 1100])
 def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path, open_files: int) -> None:
     """A rank waiting in C (a collective, a store) with the GIL released still dies of SIGTERM at once,
@@ -246,6 +249,7 @@ def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path, open_files: 
     assert step["events"][0]["attributes"][sc.SIGNAL_NAME] == "SIGTERM"
 
 
+@pytest.mark.realtime
 def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it() -> None:
     """Real time: two SIGTERMs 0.3 s apart (a scheduler and a launcher both passing on a stop) end the
     process when the first one's flush runs out, as one SIGTERM does.
@@ -293,6 +297,7 @@ def _wait_busy(process: subprocess.Popen[str], cpu_s: float, timeout_s: float = 
         time.sleep(0.02)
 
 
+@pytest.mark.realtime
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper reads /proc")
 @pytest.mark.parametrize("open_files", [0, 1100])
 def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_files: int) -> None:
@@ -330,6 +335,7 @@ def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_file
     assert elapsed < 1 + 1.5, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=1)"
 
 
+@pytest.mark.realtime
 def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -> None:
     """Real time: the GIL held for ~1.5 s after SIGTERM (a long C call that returns), then Python
     flushes: the process dies ``exit_timeout_s`` after the signal, not after the GIL came back.
@@ -361,6 +367,7 @@ def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -
     assert elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=3)"
 
 
+@pytest.mark.realtime
 def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_short() -> None:
     """Real time: three SIGTERMs while the main thread waits in C with the GIL released: the watcher
     flushes, and the process dies when that flush runs out, not at a later signal.
@@ -396,6 +403,7 @@ def _gone_or_zombie(pid: int) -> bool:
         return True
 
 
+@pytest.mark.realtime
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is Linux-only")
 def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_signals() -> None:
     """If the helper dies, the watcher reads the wakeup fd itself: a rank blocked in C still dies of SIGTERM."""

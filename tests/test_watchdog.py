@@ -53,6 +53,7 @@ def wait_for_alert(path: Path, kind: str, source: str, timeout_s: float = 15.0) 
     raise AssertionError(f"no {kind} alert from the {source} in {path}: {alerts(path)}")
 
 
+@pytest.mark.realtime
 def test_a_process_frozen_with_the_gil_held_is_reported_while_frozen(tmp_path: Path) -> None:
     process = start_script(
         """

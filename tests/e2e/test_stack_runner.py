@@ -112,6 +112,7 @@ def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "
     return s, proc, marker
 
 
+@pytest.mark.realtime
 def test_stop_sigkills_a_process_group_that_ignores_sigterm(tmp_path: Path):
     s, proc, marker = _start(tmp_path, "stubborn", STUBBORN)
     child = int(stack_mod.wait_until(lambda: marker.read_text().strip(), timeout=10, what="child pid"))
@@ -125,6 +126,7 @@ def test_stop_sigkills_a_process_group_that_ignores_sigterm(tmp_path: Path):
     assert 1.0 <= elapsed < 8.0
 
 
+@pytest.mark.realtime
 def test_stop_uses_sigterm_first(tmp_path: Path):
     s, proc, _ = _start(tmp_path, "polite", POLITE)
     t0 = time.monotonic()
