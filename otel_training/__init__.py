@@ -18,7 +18,8 @@ from otel_training._version import __version__
 
 if TYPE_CHECKING:
     from otel_training.config.options import ConfigError
-    from otel_training.pipeline.telemetry import FlushResult, Telemetry, configure, get_telemetry
+    from otel_training.pipeline.configure import configure, get_telemetry
+    from otel_training.pipeline.telemetry import FlushResult, Telemetry
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
@@ -43,9 +44,9 @@ _EXPORTS = {
     "StuckSpanProcessor": "otel_training.processors.stuck",
     "Telemetry": "otel_training.pipeline.telemetry",
     "TrainerProcess": "otel_training.events.predefined",
-    "configure": "otel_training.pipeline.telemetry",
+    "configure": "otel_training.pipeline.configure",
     "current_duration": "otel_training.events.duration",
-    "get_telemetry": "otel_training.pipeline.telemetry",
+    "get_telemetry": "otel_training.pipeline.configure",
     "set_lineage": "otel_training.events.lineage",
 }
 

@@ -18,7 +18,8 @@ from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._version import __version__
-from otel_training.pipeline import telemetry as _telemetry
+from otel_training.pipeline import configure as _pipeline
+from otel_training.pipeline.telemetry import Telemetry
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
 #: keeps 128 events per span and silently drops the rest).
@@ -69,7 +70,7 @@ class EventsRuntime:
     thread's death on the pipeline's own process span.
     """
 
-    def __init__(self, telemetry: _telemetry.Telemetry, tracer: Tracer | None = None) -> None:
+    def __init__(self, telemetry: Telemetry, tracer: Tracer | None = None) -> None:
         self.telemetry = telemetry
         self.tracer = tracer if tracer is not None else telemetry.tracer
         self.max_spans: int = telemetry.options["trace_max_spans"]
@@ -131,18 +132,18 @@ def runtime() -> EventsRuntime:
     the environment and config file), as DLRover's emitter works out of the box.
     """
     global _runtime
-    telemetry = _telemetry.get_telemetry()
+    telemetry = _pipeline.get_telemetry()
     current = _runtime
     if current is not None and current.telemetry is telemetry:
         return current
     with _runtime_lock:
-        telemetry = _telemetry.get_telemetry()
+        telemetry = _pipeline.get_telemetry()
         if telemetry is None:
             try:
-                telemetry = _telemetry.configure()
+                telemetry = _pipeline.configure()
             except Exception:
                 # configure() logged it once and installed a disabled stand-in: use that.
-                telemetry = _telemetry.get_telemetry()
+                telemetry = _pipeline.get_telemetry()
                 if telemetry is None:
                     raise
         if _runtime is None or _runtime.telemetry is not telemetry:

@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import metrics as metrics_api
-from opentelemetry import trace as trace_api
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider, TraceBasedExemplarFilter
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
@@ -34,9 +32,7 @@ from opentelemetry.trace import Span, Tracer
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training._files import DIR_MODE
-from otel_training._sdk_compat import is_proxy_meter_provider
-from otel_training.config import otel_env
-from otel_training.config.options import OPTIONS, ConfigError, resolve
+from otel_training.config.options import ConfigError
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
 from otel_training.pipeline.exporters import metric_exporter, span_exporter
@@ -380,141 +376,3 @@ def _version() -> str:
     from otel_training._version import __version__
 
     return __version__
-
-
-_configure_lock = threading.RLock()
-_current: Telemetry | None = None
-
-
-def get_telemetry() -> Telemetry | None:
-    """The handle of the last ``configure()``, or None."""
-    return _current
-
-
-def _install_plugins(telemetry: Telemetry) -> None:
-    """Processors and helpers that options turn on, each in its own module."""
-    # The DLRover-format event log (issue 2).
-    if telemetry.options["dlrover_log"]:
-        from otel_training.processors.dlrover_log import DLRoverLogProcessor
-
-        telemetry.add_span_processor(
-            DLRoverLogProcessor(
-                telemetry.options["dlrover_log"],
-                json_lines=telemetry.options["dlrover_log_format"] == "json",
-                max_queue_size=telemetry.options["dlrover_log_queue_size"],
-            )
-        )
-    # Stuck-step detection (issue 3): in-process watcher, and the sidecar watchdog when asked.
-    options = telemetry.options
-    if options["stuck_threshold_s"] is not None or options["stuck_adaptive"] or options["watchdog"]:
-        from otel_training.processors.stuck import StuckSpanProcessor
-
-        slot = None
-        if options["watchdog"] and not telemetry.disabled:
-            from otel_training import watchdog
-
-            slot = contained()(watchdog.start)(telemetry)
-        telemetry.stuck = StuckSpanProcessor.from_options(
-            options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
-            flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
-            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
-        telemetry.add_span_processor(telemetry.stuck)
-    # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
-    # Only with a metric reader: nothing would ever collect what it queues.
-    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001
-        from otel_training.processors.goodput import GoodputSpanProcessor
-
-        telemetry.add_span_processor(
-            GoodputSpanProcessor(
-                telemetry.meter_provider,
-                evaluation_is_productive=telemetry.options["evaluation_is_productive"],
-                ideal_step_time_s=telemetry.options["ideal_step_time_s"],
-                after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]
-                origin_ns=telemetry.process_start_ns,
-            )
-        )
-
-
-def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
-    """The stuck detector's exit action would lose the open spans, the stuck step first of all."""
-    from otel_training.lifecycle.hooks import end_open_spans
-
-    end_open_spans(telemetry, sc.EVENT_ALERT, {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ACTION: "exit"},
-                   f"exited with code {telemetry.options['stuck_exit_code']}: a watched span was stuck")
-
-
-def configure(*, reconfigure: bool = False, config_file: str | None = None, **options: Any) -> Telemetry:
-    """Set up tracing and metrics for this process; see docs/configuration.md.
-
-    Calling it again returns the same handle. With other options it raises,
-    unless ``reconfigure=True``, which shuts the old pipeline down (bounded) and
-    builds a new one. It never installs two global providers.
-
-    Raises ``ConfigError`` (a ``ValueError``) naming the option, variable or
-    file and the bad value. When configuring from the environment alone fails
-    (no options, as the events API does on first use and auto-instrumentation
-    at start), the error is also logged once and a disabled stand-in becomes
-    the handle: events cost little and nothing retries configuring on every
-    step. A later ``configure()`` that succeeds replaces it.
-    """
-    global _current
-    with _configure_lock:
-        try:
-            return _configure(reconfigure, config_file, options)
-        except Exception as error:
-            if options or config_file is not None or _current is not None:
-                raise
-            _current = contained()(_stand_in)(error)  # None if even that fails: the error still goes up
-            logger.error("otel_training: configuration failed, so this process records no telemetry "
-                         "(fix it and restart): %s", error)
-            raise
-
-
-def _configure(reconfigure: bool, config_file: str | None, options: dict[str, Any]) -> Telemetry:
-    global _current
-    resolved = resolve(options, os.environ, config_file)
-    otel_env.validate(os.environ)
-    standing_in = _current is not None and _current.config_error is not None
-    if _current is not None and not _current.is_shut_down and not standing_in:
-        if not reconfigure:
-            same = all(_current.options.get(key) == value for key, value in resolved.items() if key in options)
-            if options and not same:
-                raise ConfigError(
-                    "configure() was already called with other options; "
-                    "pass reconfigure=True to replace the pipeline"
-                )
-            return _current
-        _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
-    telemetry = Telemetry(resolved)
-    try:
-        _install_plugins(telemetry)
-    except BaseException:
-        # Never publish a half-built pipeline: the next configure() starts afresh.
-        telemetry.shutdown(timeout_s=1.0)
-        raise
-    first = _current is None or standing_in  # a stand-in never became the global provider
-    if standing_in:
-        _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]
-    _current = telemetry
-    if resolved["set_global"] and first:
-        _set_global(telemetry)
-    from otel_training.lifecycle import hooks
-
-    hooks.install(telemetry)
-    return telemetry
-
-
-def _stand_in(error: Exception) -> Telemetry:
-    """A handle that records nothing and reads nothing of the environment that failed."""
-    options = {option.name: option.default for option in OPTIONS}
-    options.update(exporter="none", metrics=False, goodput=False)
-    return Telemetry(options, {}, config_error=error)
-
-
-def _set_global(telemetry: Telemetry) -> None:
-    if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
-        trace_api.set_tracer_provider(telemetry.tracer_provider)
-    else:
-        logger.info("otel_training: a global TracerProvider is already set; leaving it in place")
-    if is_proxy_meter_provider(metrics_api.get_meter_provider()):
-        metrics_api.set_meter_provider(telemetry.meter_provider)

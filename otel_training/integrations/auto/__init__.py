@@ -92,7 +92,7 @@ def role() -> str:
 def configure_owner() -> Any:
     """``configure()`` from the environment, and hand the job id down to descendants."""
     from otel_training import semconv as sc
-    from otel_training.pipeline.telemetry import configure
+    from otel_training.pipeline.configure import configure
 
     telemetry = configure()
     job_id = telemetry.resource.attributes.get(sc.TRAINING_JOB_ID)
@@ -111,7 +111,7 @@ def claim_training_process(rank: int | None = None, world_size: int | None = Non
     """
     from otel_training import semconv as sc
     from otel_training.config.resource import detect_training_identity
-    from otel_training.pipeline.telemetry import configure, get_telemetry
+    from otel_training.pipeline.configure import configure, get_telemetry
 
     with _claim_lock:
         if get_telemetry() is not None:

@@ -107,7 +107,7 @@ def _track(tracker: StepTracker) -> None:
         tracker.collectives = collectives
         alert_context.add(collectives.alert_attributes)
     collectives.attach(dist.group.WORLD)
-    from otel_training.pipeline.telemetry import get_telemetry
+    from otel_training.pipeline.configure import get_telemetry
 
     telemetry = get_telemetry()
     if telemetry is not None and not telemetry.disabled:

@@ -53,7 +53,7 @@ from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
-from otel_training.pipeline.telemetry import get_telemetry
+from otel_training.pipeline.configure import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.integrations.spans import record_span

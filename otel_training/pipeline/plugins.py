@@ -1,0 +1,63 @@
+"""The processors and helpers that options turn on, added to a pipeline being built.
+
+Each lives in its own module and is imported only when its option asks for it,
+so a pipeline without a stuck detector or a DLRover log never loads them.
+"""
+
+from __future__ import annotations
+
+from otel_training import semconv as sc
+from otel_training._contain import contained
+from otel_training.pipeline.telemetry import Telemetry
+
+
+def install_plugins(telemetry: Telemetry) -> None:
+    """Processors and helpers that options turn on, each in its own module."""
+    # The DLRover-format event log (issue 2).
+    if telemetry.options["dlrover_log"]:
+        from otel_training.processors.dlrover_log import DLRoverLogProcessor
+
+        telemetry.add_span_processor(
+            DLRoverLogProcessor(
+                telemetry.options["dlrover_log"],
+                json_lines=telemetry.options["dlrover_log_format"] == "json",
+                max_queue_size=telemetry.options["dlrover_log_queue_size"],
+            )
+        )
+    # Stuck-step detection (issue 3): in-process watcher, and the sidecar watchdog when asked.
+    options = telemetry.options
+    if options["stuck_threshold_s"] is not None or options["stuck_adaptive"] or options["watchdog"]:
+        from otel_training.processors.stuck import StuckSpanProcessor
+
+        slot = None
+        if options["watchdog"] and not telemetry.disabled:
+            from otel_training import watchdog
+
+            slot = contained()(watchdog.start)(telemetry)
+        telemetry.stuck = StuckSpanProcessor.from_options(
+            options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
+            flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
+            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot)
+        telemetry.add_span_processor(telemetry.stuck)
+    # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
+    # Only with a metric reader: nothing would ever collect what it queues.
+    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001
+        from otel_training.processors.goodput import GoodputSpanProcessor
+
+        telemetry.add_span_processor(
+            GoodputSpanProcessor(
+                telemetry.meter_provider,
+                evaluation_is_productive=telemetry.options["evaluation_is_productive"],
+                ideal_step_time_s=telemetry.options["ideal_step_time_s"],
+                after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]
+                origin_ns=telemetry.process_start_ns,
+            )
+        )
+
+
+def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
+    """The stuck detector's exit action would lose the open spans, the stuck step first of all."""
+    from otel_training.lifecycle.hooks import end_open_spans
+
+    end_open_spans(telemetry, sc.EVENT_ALERT, {sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ACTION: "exit"},
+                   f"exited with code {telemetry.options['stuck_exit_code']}: a watched span was stuck")
