@@ -19,7 +19,6 @@ PACKAGE = Path(otel_training.__file__).parent
 #: Never add one: split the module instead.
 ALLOWED_OVER = {
     "processors/stuck.py",  # the stuck detector's eight jobs (issue 16: a detector built from parts)
-    "lifecycle/hooks.py",  # signal/fork lifecycle hooks (issue 16: lifecycle hooks in a folder of their own)
     "events/device.py",  # the device timeline
     "config/options.py",  # the options table and its parsers
     "events/duration.py",  # Duration and its span kinds (issue 16: one span factory)

@@ -31,9 +31,7 @@ from __future__ import annotations
 import gc
 import math
 import os
-import select
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -51,7 +49,8 @@ from otel_training import semconv as sc
 from otel_training._contain import contained
 from otel_training._stacks import bounded, frame_stack, main_thread_frame
 from otel_training._text import text
-from otel_training.lifecycle import _signal_helper
+from otel_training.lifecycle import oneshot
+from otel_training.lifecycle.watcher import SignalWatcher
 
 if TYPE_CHECKING:  # the pipeline installs the hooks and imports this module, never the other way round
     from otel_training.pipeline.telemetry import Telemetry
@@ -220,70 +219,6 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     _die_of(signum)
 
 
-_SA_ONSTACK = 0x08000000
-_SA_RESETHAND = 0x80000000
-# signum -> the C-level action that puts our handler back, one-shot (Linux only).
-_one_shot: dict[int, Any] = {}
-
-
-def _libc_sigaction() -> tuple[Any, type]:
-    """libc's sigaction, called without releasing the GIL, as ``signal.signal`` calls it."""
-    import ctypes
-
-    class Sigaction(ctypes.Structure):  # Linux, glibc and musl alike: handler, 1024-bit mask, flags, restorer
-        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ubyte * 128), ("flags", ctypes.c_int),
-                    ("restorer", ctypes.c_void_p)]
-
-    sigaction = ctypes.PyDLL(None).sigaction
-    sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(Sigaction), ctypes.POINTER(Sigaction)]
-    sigaction.restype = ctypes.c_int
-    return sigaction, Sigaction
-
-
-def _make_one_shot(signum: int) -> bool:
-    """Have the kernel restore the default action of ``signum`` as it delivers it.
-
-    Then a process that runs no Python after the signal (the GIL held for good)
-    is left with the default action in force, which the signal helper can
-    deliver. CPython's own handler is kept, flags and all, with SA_RESETHAND added.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        sigaction, Sigaction = _libc_sigaction()
-        action = Sigaction()
-        if sigaction(signum, None, ctypes.byref(action)) != 0:
-            return False
-        if action.handler in (None, 0, 1) or not action.flags & _SA_ONSTACK:
-            return False  # not CPython's handler as 3.10+ installs it: the layout is not what we think
-        action.flags = ctypes.c_int(action.flags | _SA_RESETHAND).value
-        if sigaction(signum, ctypes.byref(action), None) != 0:
-            return False
-    except (OSError, AttributeError, TypeError):
-        return False
-    _one_shot[signum] = (sigaction, action)
-    return True
-
-
-def _rearm(signum: int) -> None:
-    """Put our one-shot handler back after a delivery, so a further signal during the flush does not kill at once.
-
-    Only over the default action the delivery left: a handler that C code
-    installed since (Python's table does not see it) is not ours to replace.
-    """
-    entry = _one_shot.get(signum)
-    if entry is None or _dying or signal.getsignal(signum) is not _signal_handler:
-        return
-    import ctypes
-
-    sigaction, action = entry
-    current = type(action)()
-    if sigaction(signum, None, ctypes.byref(current)) == 0 and not current.handler:
-        sigaction(signum, ctypes.byref(action), None)
-
-
 def _signal_handler(signum: int, frame: FrameType | None) -> None:
     previous = _installed_signals.get(signum, signal.SIG_DFL)
     if os.getpid() != _owner_pid:  # inherited by a fork that kept it: act as if we were not here
@@ -307,147 +242,48 @@ def _signal_handler(signum: int, frame: FrameType | None) -> None:
     _terminate(signum, frame)
 
 
-class _SignalWatcher:
-    """A thread woken through ``signal.set_wakeup_fd`` that terminates even while the main thread is in C.
-
-    With the signal helper running, the helper reads the wakeup fd and passes each
-    signal on with the time it arrived; without it (it could not start, or died),
-    the thread reads the wakeup fd itself. The thread only dispatches: the flush
-    runs in a thread of its own, so that the watcher can put the one-shot handler
-    back after every further signal and end the process at the deadline.
-    """
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        os.set_blocking(self.write_fd, False)
-        self.forward_fd = -1
-        self.helper: subprocess.Popen[bytes] | None = None
+def _dispatch(signum: int, arrived: float) -> None:
+    """A signal the watcher saw: terminate (in a thread of its own) if it is ours to handle."""
+    if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
+        return
+    if signal.getsignal(signum) is not _signal_handler:
+        return  # the program installed its own handler since: the signal is its to handle
+    if time.monotonic() - _last_foreign_fork < _FORK_GRACE_S:
+        # A child forked from another thread inherited the wakeup fd for a moment:
+        # the byte may be its signal. Leave it to the main-thread handler.
+        return
+    _rearm(signum)
+    _set_deadline(signum, arrived)
+    if not _terminating.locked():
         try:
-            previous = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
-        except ValueError:
-            previous = -2  # not the main thread
-        if previous != -1:  # someone (an event loop) owns the wakeup fd: leave it to them
-            if previous >= 0:
-                signal.set_wakeup_fd(previous)
-            self.close()
-            raise RuntimeError("the signal wakeup fd is in use")
-        self._start_helper()
-        self.thread = threading.Thread(target=self._run, name="otel-training-signals", daemon=True)
-        self.thread.start()
+            threading.Thread(target=_terminate, args=(signum, None), name="otel-training-terminate",
+                             daemon=True).start()
+        except RuntimeError:  # no new threads at interpreter shutdown: flush from here
+            _terminate(signum, None)
 
-    def _start_helper(self) -> None:
-        helper = _signal_helper.__file__
-        if not sys.platform.startswith("linux") or not helper or not os.path.isfile(helper):
-            return
-        if "python" not in os.path.basename(sys.executable or "").lower():
-            return  # embedded (uwsgi, say): sys.executable would start something else
-        forward_read, forward_write = os.pipe()
-        try:
-            self.helper = subprocess.Popen(
-                [sys.executable, "-I", "-S", helper, str(os.getpid()), str(self.read_fd), str(forward_write)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(self.read_fd, forward_write), start_new_session=True,
-            )
-        except OSError:
-            os.close(forward_read)
-            return
-        finally:
-            os.close(forward_write)
-        self.forward_fd = forward_read
-
-    def configure_helper(self, exit_timeout_s: float, signums: list[int]) -> None:
-        """Tell the helper the budget and which signals it delivers the default action of."""
-        if self.helper is None or self.helper.stdin is None:
-            return
-        try:
-            self.helper.stdin.write(f"{exit_timeout_s!r} {' '.join(str(int(signum)) for signum in signums)}\n".encode())
-            self.helper.stdin.flush()
-        except (OSError, ValueError):
-            pass
-
-    def _run(self) -> None:
-        pending = b""
-        while True:
-            left = _exit_deadline + _DEADLINE_GRACE_S - time.monotonic()
-            if left <= 0 and _dying_of is not None:
-                _die_of(_dying_of)  # the flush overran its deadline, or Python got to the signal late
-                return
-            from_helper = self.forward_fd >= 0
-            fd = self.forward_fd if from_helper else self.read_fd
-            try:
-                if not _readable(fd, left):
-                    continue
-                data = os.read(fd, _RECORD * 64)
-            except (OSError, ValueError):
-                return
-            if not data and from_helper:  # the helper is gone: read the wakeup fd ourselves
-                os.close(self.forward_fd)
-                self.forward_fd = -1
-                helper = self.helper
-                if helper is not None:
-                    helper.poll()  # reaped, not left a zombie
-                continue
-            if not data:
-                return
-            if from_helper:  # records of a signal number and CLOCK_MONOTONIC nanoseconds
-                pending += data
-                whole = len(pending) - len(pending) % _RECORD
-                records = [(pending[at], int.from_bytes(pending[at + 1:at + _RECORD], "little") / 1e9)
-                           for at in range(0, whole, _RECORD)]
-                pending = pending[whole:]
-            else:
-                records = [(signum, time.monotonic()) for signum in data]
-            for signum, arrived in records:
-                self._dispatch(signum, arrived)
-
-    @staticmethod
-    def _dispatch(signum: int, arrived: float) -> None:
-        if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
-            return
-        if signal.getsignal(signum) is not _signal_handler:
-            return  # the program installed its own handler since: the signal is its to handle
-        if time.monotonic() - _last_foreign_fork < _FORK_GRACE_S:
-            # A child forked from another thread inherited the wakeup fd for a moment:
-            # the byte may be its signal. Leave it to the main-thread handler.
-            return
-        _rearm(signum)
-        _set_deadline(signum, arrived)
-        if not _terminating.locked():
-            try:
-                threading.Thread(target=_terminate, args=(signum, None), name="otel-training-terminate",
-                                 daemon=True).start()
-            except RuntimeError:  # no new threads at interpreter shutdown: flush from here
-                _terminate(signum, None)
-
-    def close(self) -> None:
-        """Close the pipes and stop the helper (a forked child only lets go of its copies)."""
-        helper, self.helper = self.helper, None
-        if helper is not None and helper.stdin is not None:
-            try:
-                helper.stdin.close()  # the helper's cue to exit
-            except OSError:
-                pass
-            if os.getpid() == _owner_pid:
-                try:
-                    helper.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    helper.kill()
-        for fd in (self.read_fd, self.write_fd, self.forward_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+def _rearm(signum: int) -> None:
+    """Our one-shot handler back after a delivery, while it is still ours and the process is not dying."""
+    if not _dying and signal.getsignal(signum) is _signal_handler:
+        oneshot.rearm(signum)
 
 
-def _readable(fd: int, timeout_s: float) -> bool:
-    """Wait for ``fd`` to be readable (poll, not select: a busy process may be past fd 1024)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout_s == math.inf else max(0, math.ceil(timeout_s * 1000))))
+def _time_left() -> float:
+    return _exit_deadline + _DEADLINE_GRACE_S - time.monotonic()
 
 
-_RECORD = _signal_helper.RECORD_BYTES
-_watcher: _SignalWatcher | None = None
+def _overran() -> bool:
+    """Past the deadline with a signal to die of: die of it now."""
+    if _dying_of is None:
+        return False
+    _die_of(_dying_of)
+    return True
+
+
+def _owned() -> bool:
+    return os.getpid() == _owner_pid
+
+
+_watcher: SignalWatcher | None = None
 _last_foreign_fork = -math.inf
 _FORK_GRACE_S = 5.0
 
@@ -481,15 +317,15 @@ def install(telemetry: Telemetry) -> None:
                     continue
             if _watcher is None and signal.SIG_DFL in _installed_signals.values():
                 try:
-                    _watcher = _SignalWatcher()
+                    _watcher = SignalWatcher(_dispatch, _time_left, _overran, _owned)
                 except (RuntimeError, OSError):
                     _watcher = None  # the main-thread handler still works, once the main thread runs Python
             if _watcher is not None and _watcher.helper is not None:
                 # One-shot only with a helper to deliver the default action they leave in force.
                 for signum, previous in _installed_signals.items():
-                    if previous is signal.SIG_DFL and signum not in _one_shot:
-                        _make_one_shot(signum)
-                _watcher.configure_helper(telemetry.options["exit_timeout_s"], sorted(_one_shot))
+                    if previous is signal.SIG_DFL and not oneshot.is_one_shot(signum):
+                        oneshot.make_one_shot(signum)
+                _watcher.configure_helper(telemetry.options["exit_timeout_s"], oneshot.signals())
 
 
 def uninstall() -> None:
@@ -513,7 +349,7 @@ def uninstall() -> None:
             except (ValueError, OSError):
                 pass
             del _installed_signals[signum]
-            _one_shot.pop(signum, None)
+            oneshot.forget(signum)
 
 
 def _before_fork() -> None:
