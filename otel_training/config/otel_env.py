@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from otel_training.config.options import MAX_SECONDS, MAX_SIZE, ConfigError
+from otel_training.config.parsers import MAX_SECONDS, MAX_SIZE, ConfigError
 from otel_training.config.resource import from_otel_variables
 
 _PROTOCOLS = ("grpc", "http/protobuf")

@@ -21,7 +21,8 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
 from otel_training.analysis.records import iso_ns
-from otel_training.config.options import MAX_INT64, OPTIONS_BY_NAME, ConfigError
+from otel_training.config.options import OPTIONS_BY_NAME
+from otel_training.config.parsers import MAX_INT64, ConfigError
 from otel_training._text import text
 
 DEFAULT_SERVICE_NAME = "training"
