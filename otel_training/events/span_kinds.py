@@ -1,0 +1,137 @@
+"""The span kinds the device timeline needs to know about: training steps and host work between them.
+
+A step is timed on the device's timeline as well as the host's; host work
+(a checkpoint, an evaluation, set-up, the training loop itself) tells the
+device timeline that the time between steps is not a hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_training import semconv as sc
+from otel_training._contain import log_once
+from otel_training.events import device as _device
+from otel_training.events.duration import _CURRENT, Duration
+from otel_training.events.runtime import EventsRuntime
+
+
+class StepDuration(Duration):
+    """A training step, timed on the device's timeline too when it runs device work.
+
+    CUDA work is asynchronous, so the host span measures launch time. With a
+    device in use (``events.device``), begin and end also record a device marker
+    (a few µs, no synchronisation), the host span says
+    ``training.step.device_timed``, and the resolver thread emits the step's
+    device execution as a ``training.device_step`` child. Without one, this is a
+    plain Duration plus one attribute read.
+    """
+
+    __slots__ = ("_device_step",)
+
+    #: A phase of a step is a plain Duration (the device timeline times whole steps).
+    _STAGE_CLASS = Duration
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._device_step: tuple[_device.DeviceTimeline, Any] | None = None
+
+    def begin(self) -> Duration:
+        return self._begin_step(awaiting_input=False)
+
+    def begin_awaiting_input(self) -> Duration:
+        """Begin a step that opens by fetching its batch: its device time starts at ``input_ready()``.
+
+        A host blocked for data while the device is idle is then data loading, not device time.
+        """
+        return self._begin_step(awaiting_input=True)
+
+    def input_ready(self) -> None:
+        """The step's input is in: its device work starts now (after ``begin_awaiting_input``)."""
+        pending = self._device_step
+        if pending is not None:
+            try:
+                pending[0].input_ready(pending[1])
+            except Exception:  # noqa: BLE001
+                log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
+                         "device; training continues")
+
+    def _begin_step(self, awaiting_input: bool) -> Duration:
+        step = timeline = rt = None
+        if self._span is None:
+            try:
+                rt = self._process.events_runtime()
+                timeline = rt.device
+                if timeline is None and _device.may_probe():
+                    timeline = _device.probe(rt)
+                if timeline:
+                    parent = _CURRENT.get()
+                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,
+                                               awaiting_input)
+                    if step is not None:
+                        self._attributes[sc.STEP_DEVICE_TIMED] = True
+            except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+                log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
+                         "training continues")
+        self._begin(rt)
+        span = self._span
+        if step is not None and span is not None and span.is_recording():
+            if span.parent is not None:  # its device step joins this trace: charge the budget here, once
+                rt.charge(span.get_span_context().trace_id)  # type: ignore[union-attr]
+            timeline.started(step, span)  # type: ignore[union-attr]
+            self._device_step = (timeline, step)  # type: ignore[assignment]
+        return self
+
+    def end(self) -> None:
+        pending = self._device_step
+        if pending is not None:
+            self._device_step = None
+            try:
+                pending[0].end_step(pending[1])
+            except Exception:  # noqa: BLE001
+                log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
+                         "training continues")
+        super().end()
+
+    def _init_state(self) -> None:
+        self._device_step = None
+
+
+class HostWork(Duration):
+    """Host work between steps (a checkpoint, an evaluation, set-up), or the training loop itself.
+
+    The device timeline alerts on the time between steps (``training.between_steps``) only while
+    none of these is open and the training loop has not ended: a long checkpoint save, an
+    evaluation or the teardown after training is no hang.
+    """
+
+    __slots__ = ("_counted_in",)
+
+    _STAGE_CLASS = Duration
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counted_in: EventsRuntime | None = None
+
+    def _begin(self, rt: EventsRuntime | None) -> Duration:
+        super()._begin(rt)
+        current = self._runtime
+        if self._span is not None and self._counted_in is None and current is not None:
+            self._counted_in = current
+            if self.name == sc.SPAN_TRAIN:
+                current.training = True
+            else:
+                current.host_work += 1
+        return self
+
+    def end(self) -> None:
+        counted, self._counted_in = self._counted_in, None
+        super().end()
+        if counted is not None:
+            if self.name == sc.SPAN_TRAIN:
+                counted.training = False
+            else:
+                counted.host_work = max(0, counted.host_work - 1)
+
+    def _init_state(self) -> None:
+        self._counted_in = None
