@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # 
 import otel_training  # noqa: E402
 from otel_training import semconv as sc  # noqa: E402
 from otel_training.events import device as device_module  # noqa: E402
+from otel_training.events import device_probe  # noqa: E402
 
 
 class NoOpDevice:
@@ -87,7 +88,7 @@ def _step_cost(factory, steps: int, rounds: int) -> tuple[float, float, list[flo
         for index in range(rounds):
             measured = {}
             for on in ((True, False) if index % 2 == 0 else (False, True)):
-                device_module.use_device(factory if on else None)
+                device_probe.use_device(factory if on else None)
                 telemetry = _configure(output, device_timeline=on)
                 trainer = otel_training.TrainerProcess()
                 with trainer.step(global_step=-1):  # probe and warm up outside the timing
@@ -101,7 +102,7 @@ def _step_cost(factory, steps: int, rounds: int) -> tuple[float, float, list[flo
             with_device.append(measured[True])
             without.append(measured[False])
             differences.append(measured[True] - measured[False])
-        device_module.use_device(None)
+        device_probe.use_device(None)
     return statistics.median(with_device), statistics.median(without), differences
 
 
@@ -111,7 +112,7 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
         import torch
 
         torch.cuda.init()
-        device_module.use_device(None)
+        device_probe.use_device(None)
         from cuda_plain_loop import cycles_per_second
 
         cycles = cycles_per_second()
@@ -129,7 +130,7 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
         from fake_device import FakeDevice
 
         fake = FakeDevice()
-        device_module.use_device(lambda: fake)
+        device_probe.use_device(lambda: fake)
         gates: list[threading.Event] = []
 
         def launch(index: int) -> None:
@@ -159,7 +160,7 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
                 sync()
         sync()
         telemetry.shutdown(timeout_s=5)
-    device_module.use_device(None)
+    device_probe.use_device(None)
     event, _ = alerts[0]
     return event.attributes.get(sc.STEP), event.elapsed_s - threshold_s
 

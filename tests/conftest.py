@@ -46,7 +46,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """A fake asynchronous device (tests/fake_device.py) that the device timeline uses instead of CUDA."""
     from fake_device import FakeDevice
 
-    from otel_training.events import device as device_module
+    from otel_training.events import device_probe as device_module
 
     device = FakeDevice()
     monkeypatch.setattr(device_module, "_factory", lambda: device)

@@ -31,6 +31,7 @@ import otel_training
 from otel_training import semconv as sc
 from otel_training.analysis import account
 from otel_training.events import device as device_module
+from otel_training.events import device_probe
 from otel_training.report.job import build_report
 from otel_training.report.reader import read_paths
 from waiting import wait_until
@@ -375,7 +376,7 @@ def test_turned_off_no_device_spans_no_thread(configure, fake) -> None:
 
 def test_without_a_device_nothing_changes(configure, monkeypatch) -> None:
     # No factory and torch has not initialised CUDA (CPU-only here): plain host steps, no timeline.
-    monkeypatch.setattr(device_module, "_factory", None)
+    monkeypatch.setattr(device_probe, "_factory", None)
     telemetry = configure()
     trainer = otel_training.TrainerProcess()
     with trainer.step(global_step=0):

@@ -19,7 +19,6 @@ PACKAGE = Path(otel_training.__file__).parent
 #: Never add one: split the module instead.
 ALLOWED_OVER = {
     "processors/stuck.py",  # the stuck detector's eight jobs (issue 16: a detector built from parts)
-    "events/device.py",  # the device timeline
 }
 
 

@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace as trace_api
@@ -368,58 +366,8 @@ def _start_time(span: Any) -> int:
 
 
 # -- finding the device ---------------------------------------------------------------
-#: A device factory that replaces detection (tests, other accelerators): ``use_device(lambda: MyDevice())``.
-_factory: Callable[[], Device | None] | None = None
+#: Every live timeline, for the fork handler.
 _timelines: weakref.WeakSet[DeviceTimeline] = weakref.WeakSet()
-
-
-def use_device(factory: Callable[[], Device | None] | None) -> None:
-    """Time steps on the device ``factory()`` returns instead of the detected one (None: detect again).
-
-    Takes effect for pipelines configured afterwards and for a runtime that has not probed yet.
-    """
-    global _factory
-    _factory = factory
-
-
-def may_probe() -> bool:
-    """False while no device can be in use (torch not imported, no factory): the per-step fast path."""
-    return _factory is not None or "torch" in sys.modules
-
-
-def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
-    """The runtime's timeline, creating it once a device is in use; None while there is none.
-
-    Cheap while torch is not imported or has not initialised CUDA (a dict lookup and one call),
-    so a process that never uses a device pays nothing more per step.
-    """
-    if not runtime.telemetry.options.get("device_timeline", True):
-        runtime.device = False
-        return None
-    factory = _factory
-    if factory is None:
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
-            return None
-        factory = _cuda_device
-    try:
-        device = factory()
-    except Exception:  # noqa: BLE001 - no device timing rather than no training
-        log_once("device-probe", "otel_training: could not set up the device timeline; steps are timed on the host")
-        runtime.device = False
-        return None
-    if device is None:
-        return None
-    timeline = DeviceTimeline(device, runtime)
-    runtime.device = timeline
-    return timeline
-
-
-def _cuda_device() -> Device | None:
-    from otel_training.events.cuda import CudaDevice
-
-    return CudaDevice.current()
 
 
 def _after_fork_in_child() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training.events import device as _device
+from otel_training.events import device_probe
 from otel_training.events.duration import _CURRENT, Duration
 from otel_training.events.runtime import EventsRuntime
 
@@ -62,8 +63,8 @@ class StepDuration(Duration):
             try:
                 rt = self._process.events_runtime()
                 timeline = rt.device
-                if timeline is None and _device.may_probe():
-                    timeline = _device.probe(rt)
+                if timeline is None and device_probe.may_probe():
+                    timeline = device_probe.probe(rt)
                 if timeline:
                     parent = _CURRENT.get()
                     step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,

@@ -18,14 +18,14 @@ from fake_device import FakeDevice  # noqa: E402
 
 import otel_training  # noqa: E402
 from otel_training import semconv as sc  # noqa: E402
-from otel_training.events import device as device_module  # noqa: E402
+from otel_training.events import device_probe  # noqa: E402
 
 STEPS, STALL_STEP, HOLD_S = 30, 12, 8.0
 
 
 def main() -> None:
     fake = FakeDevice()
-    device_module.use_device(lambda: fake)
+    device_probe.use_device(lambda: fake)
     telemetry = otel_training.configure(stuck_threshold_s=float(sys.argv[1]))
     gates: list[threading.Event] = []
 

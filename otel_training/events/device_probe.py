@@ -1,0 +1,70 @@
+"""Finding the device a pipeline's steps run on, once one is in use.
+
+Separate from the timeline itself: the per-step fast path asks ``may_probe()``
+(a dict lookup while torch is not imported), and tests or other accelerators
+replace detection with ``use_device(factory)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from otel_training._contain import log_once
+from otel_training.events.device import Device, DeviceTimeline
+
+if TYPE_CHECKING:
+    from otel_training.events.runtime import EventsRuntime
+
+#: A device factory that replaces detection (tests, other accelerators): ``use_device(lambda: MyDevice())``.
+_factory: Callable[[], Device | None] | None = None
+
+
+def use_device(factory: Callable[[], Device | None] | None) -> None:
+    """Time steps on the device ``factory()`` returns instead of the detected one (None: detect again).
+
+    Takes effect for pipelines configured afterwards and for a runtime that has not probed yet.
+    """
+    global _factory
+    _factory = factory
+
+
+def may_probe() -> bool:
+    """False while no device can be in use (torch not imported, no factory): the per-step fast path."""
+    return _factory is not None or "torch" in sys.modules
+
+
+def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
+    """The runtime's timeline, creating it once a device is in use; None while there is none.
+
+    Cheap while torch is not imported or has not initialised CUDA (a dict lookup and one call),
+    so a process that never uses a device pays nothing more per step.
+    """
+    if not runtime.telemetry.options.get("device_timeline", True):
+        runtime.device = False
+        return None
+    factory = _factory
+    if factory is None:
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return None
+        factory = _cuda_device
+    try:
+        device = factory()
+    except Exception:  # noqa: BLE001 - no device timing rather than no training
+        log_once("device-probe", "otel_training: could not set up the device timeline; steps are timed on the host")
+        runtime.device = False
+        return None
+    if device is None:
+        return None
+    timeline = DeviceTimeline(device, runtime)
+    runtime.device = timeline
+    return timeline
+
+
+def _cuda_device() -> Device | None:
+    from otel_training.events.cuda import CudaDevice
+
+    return CudaDevice.current()
