@@ -248,7 +248,7 @@ def test_configure_exports_the_alert_to_the_file_at_once(configure: Callable[...
     from otel_training import TrainerProcess
 
     telemetry = configure(stuck_threshold_s=0.2, exporter="file")
-    telemetry.stuck._first_threshold_s = None  # type: ignore[attr-defined]
+    telemetry.stuck.rules.first_threshold_s = None  # the first step gets no longer allowance
     trainer = TrainerProcess()
     with trainer.epoch(epoch=1):
         with trainer.step(global_step=5):

@@ -1,0 +1,103 @@
+"""What the stuck detector does besides alerting: flush the alerts at once, and end or signal the process.
+
+The flush runs on a thread of its own (an exporter may hang for its whole
+retry budget; the watcher must not wait for it). The ``exit`` action ends the
+open spans first, flushes within a bound and exits with a code an elastic
+launcher restarts on; ``signal`` sends a signal to this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as signal_module
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from otel_training._contain import log_once
+
+logger = logging.getLogger("otel_training")
+
+
+def guarded(function: Callable[..., Any], *args: Any) -> None:
+    """Run ``function``; an error is logged once and goes no further (the watcher must keep watching)."""
+    try:
+        function(*args)
+    except Exception:  # noqa: BLE001
+        log_internal(function.__name__)
+
+
+def log_internal(where: str) -> None:
+    log_once(f"stuck:{where}", "otel_training: internal error in the stuck detector (%s); training continues", where)
+
+
+class StuckActions:
+    """The flusher thread and the ``none``/``exit``/``signal`` action of one detector."""
+
+    def __init__(self, action: str, exit_code: int, signal: int | str, flush: Callable[[float], Any] | None,
+                 before_exit: Callable[[], Any] | None, flush_timeout_s: float,
+                 flush_target: Callable[[], Callable[[], Any] | None]) -> None:
+        if action not in ("none", "exit", "signal"):
+            raise ValueError(f"action must be 'none', 'exit' or 'signal', not {action!r}")
+        self.action = action
+        self._exit_code = exit_code
+        self._signal = signal_module.Signals[signal] if isinstance(signal, str) else signal_module.Signals(signal)
+        self._flush = flush
+        self._before_exit = before_exit
+        self._flush_timeout_s = flush_timeout_s
+        #: Where the last alert went when no bounded flush was given (the stuck span's own pipeline).
+        self._flush_target = flush_target
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh threads and state (a forked child starts with none of its parent's threads)."""
+        self._stopping = False
+        self._event = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._exiting = False
+
+    def flush_now(self, timeout_s: float) -> None:
+        if self._flush is not None:
+            self._flush(timeout_s)
+        else:
+            target = self._flush_target()
+            if target is not None:
+                target()
+
+    def request_flush(self) -> None:
+        """Wake the flusher thread; never waits."""
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_loop, name="otel-training-stuck-flush", daemon=True)
+            self._flusher.start()
+        self._event.set()
+
+    def _flush_loop(self) -> None:
+        while not self._stopping:
+            self._event.wait()
+            self._event.clear()
+            if self._stopping:
+                return
+            guarded(self.flush_now, self._flush_timeout_s)
+
+    def act(self, span_name: str) -> None:
+        """The action on a span's first stuck alert."""
+        if self.action == "signal":
+            logger.warning("otel_training: sending %s to this process (stuck %s)", self._signal.name, span_name)
+            os.kill(os.getpid(), self._signal)
+        elif self.action == "exit" and not self._exiting:
+            self._exiting = True
+            logger.warning("otel_training: exiting with code %d (stuck %s) so the launcher restarts this rank",
+                           self._exit_code, span_name)
+            if self._before_exit is not None:
+                # e.g. end the open spans (the stuck step, its epoch) so the trace holds them
+                guarded(self._before_exit)
+            flusher = threading.Thread(target=guarded, args=(self.flush_now, self._flush_timeout_s),
+                                       name="otel-training-stuck-exit-flush", daemon=True)
+            flusher.start()
+            flusher.join(self._flush_timeout_s)
+            os._exit(self._exit_code)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._event.set()

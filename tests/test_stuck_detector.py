@@ -1,0 +1,131 @@
+"""The stuck detector on an injected clock, driven by ``tick()``: no watcher thread, no sleeps.
+
+Every deadline, escalation and recovery below is decided by the fake clock's value,
+so the same assertions hold on an idle laptop and a loaded CI box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_training import semconv as sc
+from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Detector:
+    def __init__(self, **kwargs) -> None:
+        self.clock = Clock()
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.events: list[StuckEvent] = []
+        self.processor = StuckSpanProcessor(clock=self.clock, watcher=False, on_stuck=self.events.append,
+                                            meter_provider=MeterProvider(), stacks=False, **kwargs)
+        self.provider.add_span_processor(self.processor)
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.provider.get_tracer("test")
+
+    def alerts(self) -> list:
+        return [span for span in self.exporter.get_finished_spans() if span.name == sc.SPAN_ALERT]
+
+
+@pytest.fixture
+def detector() -> Iterator[Detector]:
+    made: list[Detector] = []
+
+    def make(**kwargs) -> Detector:
+        made.append(Detector(**kwargs))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for d in made:
+        d.provider.shutdown()
+
+
+def test_nothing_is_due_before_the_threshold_and_the_alert_comes_at_it(detector) -> None:
+    d = detector(threshold_s=30, first_threshold_s=30)
+    step = d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 7})
+    d.clock.now += 29.999
+    assert d.processor.tick() == 0 and not d.alerts()
+    d.clock.now += 0.001
+    assert d.processor.tick() == 1
+    (alert,) = d.alerts()
+    assert alert.attributes[sc.ALERT_KIND] == sc.ALERT_KIND_STUCK
+    assert alert.attributes[sc.ALERT_ELAPSED_S] == pytest.approx(30.0)
+    assert alert.attributes[sc.STEP] == 7 and alert.parent.span_id == step.get_span_context().span_id
+    assert [e.kind for e in d.events] == [sc.ALERT_KIND_STUCK]
+    step.end()
+
+
+def test_escalation_repeats_at_its_interval_and_the_end_is_a_recovery(detector) -> None:
+    d = detector(threshold_s=10, first_threshold_s=10, escalation_s=60)
+    step = d.tracer.start_span(sc.SPAN_STEP)
+    d.clock.now += 10
+    assert d.processor.tick() == 1
+    d.clock.now += 59
+    assert d.processor.tick() == 0  # next at 10 + 60
+    d.clock.now += 1
+    assert d.processor.tick() == 1
+    counts = [a.attributes[sc.ALERT_COUNT] for a in d.alerts()]
+    assert counts == [1, 2] and d.alerts()[1].attributes[sc.ALERT_REPEAT] is True
+    d.clock.now += 5
+    step.end()
+    d.processor.tick()  # the recovery's callbacks run where the scans run
+    kinds = [a.attributes[sc.ALERT_KIND] for a in d.alerts()]
+    assert kinds == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
+    assert d.alerts()[-1].attributes[sc.ALERT_ELAPSED_S] == pytest.approx(75.0)
+    assert [e.kind for e in d.events][-1] == sc.ALERT_KIND_RECOVERED
+    assert d.processor.open_count == 0
+
+
+def test_a_late_scan_after_a_freeze_repeats_from_now_not_in_a_burst(detector) -> None:
+    d = detector(threshold_s=10, first_threshold_s=10, escalation_s=10)
+    step = d.tracer.start_span(sc.SPAN_STEP)
+    d.clock.now += 100  # the process was frozen well past several escalations
+    assert d.processor.tick() == 1
+    assert d.processor.tick() == 0
+    d.clock.now += 10
+    assert d.processor.tick() == 1
+    step.end()
+
+
+def test_the_first_span_of_a_name_gets_the_first_threshold_then_the_name_its_own(detector) -> None:
+    d = detector(threshold_s=5, first_threshold_s=50)
+    first = d.tracer.start_span(sc.SPAN_STEP)
+    d.clock.now += 49
+    assert d.processor.tick() == 0  # compilation, warm-up: the first step may take longer
+    d.clock.now += 1
+    first.end()
+    second = d.tracer.start_span(sc.SPAN_STEP)
+    d.clock.now += 5
+    assert d.processor.tick() == 1
+    assert d.alerts()[0].attributes[sc.ALERT_THRESHOLD_S] == 5
+    second.end()
+
+
+def test_only_the_watched_names_are_watched_each_with_its_rule(detector) -> None:
+    d = detector(span_names={"training.step": 10, "training.save_*": 100}, first_threshold_s=0.01)
+    assert d.processor.threshold_for("training.save_checkpoint").seconds == 100
+    assert d.processor.threshold_for("training.epoch") is None
+    other = d.tracer.start_span("training.epoch")
+    save = d.tracer.start_span("training.save_checkpoint")
+    d.clock.now += 1000
+    assert d.processor.tick() == 1
+    (alert,) = d.alerts()
+    assert alert.attributes[sc.ALERT_SPAN_NAME] == "training.save_checkpoint"
+    assert alert.attributes[sc.ALERT_THRESHOLD_S] == 100  # the pattern's own threshold, not the step's
+    save.end()
+    other.end()
