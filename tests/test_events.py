@@ -552,3 +552,20 @@ def test_a_thread_dying_of_an_exception_is_an_event_on_the_process_span(configur
     (death,) = [event for event in process["events"] if event["name"] == sc.EVENT_EXCEPTION]
     assert death["attributes"]["thread.name"] == "loader-3"
     assert death["attributes"][sc.EXCEPTION_MESSAGE] == "data worker lost"
+
+
+def test_a_span_recorded_after_the_fact_fails_like_a_duration_even_if_the_error_cannot_be_printed(configure) -> None:
+    """One span factory: ``record_span`` records errors as ``Duration`` does (status first, never raising)."""
+    from otel_training.integrations.spans import record_span
+
+    class Unprintable(RuntimeError):
+        def __str__(self) -> str:
+            raise ValueError("no")
+
+    telemetry = configure(exporter="file")
+    with otel_training.TrainerProcess().step(global_step=1) as step:
+        record_span(sc.SPAN_DATA_WAIT, "#data_wait", 1_000, 2_000, {}, parent=step.span, error=Unprintable())
+        record_span(sc.SPAN_DATA_WAIT, "#data_wait", 2_000, 3_000, {}, parent=step.span, error="worker lost")
+    waits = [span for span in _spans(telemetry) if span["name"] == sc.SPAN_DATA_WAIT]
+    assert [w["status"]["code"] for w in waits] == [2, 2]  # ERROR
+    assert [w["attributes"][sc.ERROR_TYPE].rsplit(".", 1)[-1] for w in waits] == ["Unprintable", "error"]

@@ -29,6 +29,7 @@ from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training.events.attributes import text, to_attributes
 from otel_training.events.runtime import EventsRuntime
+from otel_training.events.span_factory import record_error, start_span
 
 if TYPE_CHECKING:
     from otel_training.events.process import Process
@@ -117,9 +118,8 @@ class Duration:
             context = None
             if parent is not None and parent._span is not None and trace_api.get_current_span() is parent._span:
                 context = parent._context_for_child(rt)
-            span = rt.tracer.start_span(self.name, context=context, attributes=self._attributes)
-            if parent is not None:  # only a trace with a parent Duration in it can outgrow its budget
-                rt.charge(span.get_span_context().trace_id)
+            # only a trace with a parent Duration in it can outgrow its budget
+            span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=parent is not None)
             self._span = span
             self._token = context_api.attach(trace_api.set_span_in_context(span))
             self._current_token = _CURRENT.set(self)
@@ -143,10 +143,8 @@ class Duration:
         self._segment_index += 1
         attributes = dict(self._attributes)
         attributes[sc.TRACE_SEGMENT] = self._segment_index
-        segment = rt.tracer.start_span(self.name, context=Context(), attributes=attributes, links=links)
-        old_trace = (previous or self._span).get_span_context().trace_id
-        rt.forget(old_trace)
-        rt.charge(segment.get_span_context().trace_id)
+        segment = start_span(rt, self.name, context=Context(), attributes=attributes, links=links)
+        rt.forget((previous or self._span).get_span_context().trace_id)
         self._segment = segment
         self._child_context = trace_api.set_span_in_context(segment)
         if previous is not None:
@@ -209,7 +207,7 @@ class Duration:
         if content:
             self.extra_args(**content)
         if self._span is not None:
-            _record_error(self._span, error)
+            record_error(self._span, error)
         self.end()
 
     #: The class of ``stage()``'s Durations: None for this one's own class.
@@ -226,7 +224,7 @@ class Duration:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None and self._span is not None:
-            contained()(_record_error)(self._span, exc)
+            contained()(record_error)(self._span, exc)
         self.end()
         return False
 
@@ -266,18 +264,3 @@ class Duration:
     def __repr__(self) -> str:
         state = "ended" if self._ended else "open" if self._span is not None else "new"
         return f"<Duration {self.name} {state}>"
-
-
-def _record_error(span: Span, error: BaseException | str | None) -> None:
-    """Status ERROR first, then the details: an exception whose ``__str__`` raises still fails the span."""
-    if isinstance(error, BaseException):
-        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-        span.set_status(Status(StatusCode.ERROR, text(f"{type(error).__name__}: {text(error)}"[:512])))
-        try:
-            span.record_exception(error, escaped=True)
-        except Exception:  # noqa: BLE001 - the SDK calls str(error); the status above already says it failed
-            log_once("record_exception", "otel_training: could not record an exception's details", exc_info=False)
-    else:
-        message = "" if error is None else text(error)[:512]
-        span.set_attribute(sc.ERROR_TYPE, "error")
-        span.set_status(Status(StatusCode.ERROR, message or None))

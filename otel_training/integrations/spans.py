@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from otel_training import semconv as sc
 from otel_training.events.runtime import EventsRuntime, runtime
+from otel_training.events.span_factory import record_error, start_span
 
 
 def record_span(
@@ -41,14 +42,8 @@ def record_span(
     attrs = {sc.EVENT_TARGET: target, sc.EVENT_NAME: event_name}
     attrs.update(attributes)
     context = trace_api.set_span_in_context(parent) if parent is not None else None
-    span = rt.tracer.start_span(name, context=context, attributes=attrs, start_time=start_ns)
-    rt.charge(span.get_span_context().trace_id)
-    if isinstance(error, str):
-        span.set_attribute(sc.ERROR_TYPE, "error")
-        span.set_status(Status(StatusCode.ERROR, error[:512] or None))
-    elif error is not None and not isinstance(error, StopIteration):
-        span.record_exception(error, escaped=True)
-        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
+    span = start_span(rt, name, context=context, attributes=attrs, start_time=start_ns)
+    if error is not None and not isinstance(error, StopIteration):
+        record_error(span, error)
     span.end(end_time=max(end_ns, start_ns))
     return span

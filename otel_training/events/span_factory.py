@@ -1,0 +1,46 @@
+"""The one way the events API and the integrations make a span: within the trace budget, errors recorded alike.
+
+``Duration`` (spans begun and ended as work happens) and ``record_span`` (spans
+recorded after the fact with measured times) both start their spans here, so
+both count against ``trace_max_spans``/``trace_max_age_s`` and both fail a span
+the same way: status ERROR first, then the details, never raising however the
+error's ``__str__`` behaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, Status, StatusCode
+
+from otel_training import semconv as sc
+from otel_training._contain import log_once
+from otel_training._text import text
+from otel_training.events.runtime import EventsRuntime
+
+
+def start_span(rt: EventsRuntime, name: str, *, context: Context | None = None,
+               attributes: Mapping[str, Any] | None = None, links: Sequence[Link] | None = None,
+               start_time: int | None = None, charge: bool = True) -> Span:
+    """A span of ``rt``'s tracer; ``charge``: count it in its trace's budget."""
+    span = rt.tracer.start_span(name, context=context, attributes=attributes, links=links, start_time=start_time)
+    if charge:
+        rt.charge(span.get_span_context().trace_id)
+    return span
+
+
+def record_error(span: Span, error: BaseException | str | None) -> None:
+    """Status ERROR first, then the details: an exception whose ``__str__`` raises still fails the span."""
+    if isinstance(error, BaseException):
+        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+        span.set_status(Status(StatusCode.ERROR, text(f"{type(error).__name__}: {text(error)}"[:512])))
+        try:
+            span.record_exception(error, escaped=True)
+        except Exception:  # noqa: BLE001 - the SDK calls str(error); the status above already says it failed
+            log_once("record_exception", "otel_training: could not record an exception's details", exc_info=False)
+    else:
+        message = "" if error is None else text(error)[:512]
+        span.set_attribute(sc.ERROR_TYPE, "error")
+        span.set_status(Status(StatusCode.ERROR, message or None))
