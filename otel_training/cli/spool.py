@@ -29,13 +29,9 @@ def register(subparsers: Any) -> None:
 
 
 def _alive_here(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
+    from otel_training._pids import pid_running
+
+    return pid != os.getpid() and pid_running(pid)
 
 
 def run_send(args: argparse.Namespace) -> int:

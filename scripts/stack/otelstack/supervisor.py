@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from otel_training._pids import pid_running
+
 from ._base import StackError
 from .polling import http_ok, wait_until
 
@@ -60,19 +62,7 @@ class Component:
             return "(no log)"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not running.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+_pid_alive = pid_running  # the name the tests know
 
 
 def _cmdline_matches(pid: int, exe: str) -> bool:
