@@ -270,17 +270,24 @@ def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it(
             """,
             {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
-        try:
-            assert process.stdout.readline().strip() == "ready"
-            started = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            time.sleep(0.3)  # not a wait for a condition: the second signal lands inside the first one's flush
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=15) == -signal.SIGTERM
-            elapsed = time.monotonic() - started
-        finally:
-            _stop_group(process)
+        elapsed = _sigterms_until_dead(process, "ready", 2)  # the second lands inside the first one's flush
     assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
+
+
+def _sigterms_until_dead(process: subprocess.Popen[str], ready: str, count: int) -> float:
+    """Once ``process`` prints ``ready``, send it ``count`` SIGTERMs 0.3 s apart (not a wait for a
+    condition: they are meant to land during its exit flush); seconds from the first to its death by it."""
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == ready
+        started = time.monotonic()
+        for index in range(count):
+            if index:
+                time.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == -signal.SIGTERM
+        return time.monotonic() - started
+    finally:
+        _stop_group(process)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -383,16 +390,7 @@ def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_shor
             """,
             {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
-        try:
-            assert process.stdout.readline().strip() == "blocked"
-            started = time.monotonic()
-            for _ in range(3):
-                process.send_signal(signal.SIGTERM)
-                time.sleep(0.3)  # not a wait for a condition: the signals are spread over the flush
-            assert process.wait(timeout=15) == -signal.SIGTERM
-            elapsed = time.monotonic() - started
-        finally:
-            _stop_group(process)
+        elapsed = _sigterms_until_dead(process, "blocked", 3)  # spread over the flush
     assert 2 - 0.5 < elapsed < 2 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 2 s)"
 
 
