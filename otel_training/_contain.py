@@ -31,6 +31,11 @@ def log_once(key: str, message: str, *args: Any, exc_info: bool = True) -> None:
     logger.warning(message + " (further occurrences are not logged)", *args, exc_info=exc_info)
 
 
+def call_contained(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, contained as ``contained()`` would (None if it raised)."""
+    return contained()(function)(*args, **kwargs)
+
+
 def contained(default: Any = None,
               message: str = "otel_training: internal error in %s; training continues") -> Callable[[F], F]:
     """Run the function; on any exception log it once (``message`` % its name) and return ``default``."""

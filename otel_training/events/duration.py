@@ -26,7 +26,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import call_contained, contained, log_once
 from otel_training.events.attributes import text, to_attributes
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_factory import record_error, start_span
@@ -224,7 +224,7 @@ class Duration:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None and self._span is not None:
-            contained()(record_error)(self._span, exc)
+            call_contained(record_error, self._span, exc)
         self.end()
         return False
 

@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace import Span
 from opentelemetry.trace import Status, StatusCode
 
 from otel_training import semconv as sc
-from otel_training._contain import contained
+from otel_training._contain import call_contained, contained
 from otel_training._stacks import bounded, frame_stack, main_thread_frame
 from otel_training._text import text
 from otel_training.lifecycle import oneshot
@@ -137,9 +137,9 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
                        f"{exc_type.__name__}: {text(exc)}")
         if sys.flags.interactive or hasattr(sys, "ps1"):
             # An interactive session goes on after an exception: this is no way out.
-            contained()(telemetry.force_flush)(telemetry.options["exit_timeout_s"])
+            call_contained(telemetry.force_flush, telemetry.options["exit_timeout_s"])
         else:
-            contained()(telemetry.exit_flush)()
+            call_contained(telemetry.exit_flush)
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
 
@@ -154,7 +154,7 @@ def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
         if process_span is not None:
             attributes = _exception_attributes(args.exc_type, args.exc_value, args.exc_traceback)
             attributes["thread.name"] = args.thread.name if args.thread is not None else ""
-            contained()(lambda: process_span(sc.TARGET_TRAINER).add_event(sc.EVENT_EXCEPTION, attributes))()
+            call_contained(lambda: process_span(sc.TARGET_TRAINER).add_event(sc.EVENT_EXCEPTION, attributes))
     (_previous_thread_excepthook or threading.__excepthook__)(args)
 
 
@@ -213,7 +213,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
                 frame = main_thread_frame()
             name = signal.Signals(signum).name
             end_open_spans(telemetry, sc.EVENT_SIGNAL, _signal_attributes(signum, frame), f"terminated by {name}")
-            contained()(telemetry.shutdown)(_exit_deadline - time.monotonic())
+            call_contained(telemetry.shutdown, _exit_deadline - time.monotonic())
     finally:
         _terminated.set()
     _die_of(signum)
@@ -236,7 +236,7 @@ def _signal_handler(signum: int, frame: FrameType | None) -> None:
             attributes = _signal_attributes(signum, frame)
             current = trace_api.get_current_span()
             if current.is_recording():
-                contained()(current.add_event)(sc.EVENT_SIGNAL, attributes)
+                call_contained(current.add_event, sc.EVENT_SIGNAL, attributes)
         previous(signum, frame)
         return
     _terminate(signum, frame)

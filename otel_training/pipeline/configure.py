@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
-from otel_training._contain import contained
+from otel_training._contain import call_contained
 from otel_training._sdk_compat import is_proxy_meter_provider
 from otel_training.config import otel_env
 from otel_training.config.options import OPTIONS, ConfigError, resolve
@@ -54,7 +54,7 @@ def configure(*, reconfigure: bool = False, config_file: str | None = None, **op
         except Exception as error:
             if options or config_file is not None or _current is not None:
                 raise
-            _current = contained()(_stand_in)(error)  # None if even that fails: the error still goes up
+            _current = call_contained(_stand_in, error)  # None if even that fails: the error still goes up
             logger.error("otel_training: configuration failed, so this process records no telemetry "
                          "(fix it and restart): %s", error)
             raise

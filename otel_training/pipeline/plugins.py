@@ -7,7 +7,7 @@ so a pipeline without a stuck detector or a DLRover log never loads them.
 from __future__ import annotations
 
 from otel_training import semconv as sc
-from otel_training._contain import contained
+from otel_training._contain import call_contained
 from otel_training.pipeline.telemetry import Telemetry
 
 
@@ -33,7 +33,7 @@ def install_plugins(telemetry: Telemetry) -> None:
         if options["watchdog"] and not telemetry.disabled:
             from otel_training import watchdog
 
-            slot = contained()(watchdog.start)(telemetry)
+            slot = call_contained(watchdog.start, telemetry)
         telemetry.stuck = StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, Tracer
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import call_contained, log_once
 from otel_training._files import DIR_MODE
 from otel_training.config.options import ConfigError
 from otel_training.analysis.records import creation_time_ns
@@ -306,7 +306,7 @@ class Telemetry:
             deadline = start + max(0.0, timeout_s)
             self.shutdown_deadline = deadline  # callbacks that wait (the device timeline) stay within it
             for callback in reversed(self._on_shutdown):
-                contained()(callback)()
+                call_contained(callback)
             # Most of the budget for delivering spans, the rest for stopping cleanly.
             completed = _run_with_deadline(
                 self.tracer_provider.force_flush, 0.8 * (deadline - time.monotonic()), "flush-traces"
@@ -318,7 +318,7 @@ class Telemetry:
             if not _run_with_deadline(
                 self.meter_provider.shutdown, deadline - time.monotonic(), "shutdown-metrics"
             ) and self._metric_exporter is not None:
-                contained()(self._metric_exporter.shutdown)()
+                call_contained(self._metric_exporter.shutdown)
             exported, dropped, pending = self._counts()
             dropped += pending  # nothing queued now will ever leave
             # A pipeline shut down (a reconfigure) has nothing left for the exit: its hook would

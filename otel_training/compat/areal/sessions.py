@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from otel_training._contain import contained
+from otel_training._contain import call_contained, contained
 from otel_training.compat.areal.config import SessionTraceEvent, _at_least_one, _setting
 from otel_training.compat.areal.output import _append_lines
 from otel_training.compat.areal.session_spans import _emit_task, _TaskSpans
@@ -161,7 +161,7 @@ class SessionTracer:
     @contained(default=None)
     def register_session(self, task_id: int) -> int | None:
         """A new session (one sample) of ``task_id``; ids count from 0 per tracer, as AReaL's do."""
-        contained()(_watch_shutdown)()
+        call_contained(_watch_shutdown)
         with self._lock:
             session_id = self._next_session_id
             self._next_session_id += 1

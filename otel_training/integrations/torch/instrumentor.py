@@ -32,7 +32,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 
-from otel_training._contain import contained, log_once
+from otel_training._contain import call_contained, log_once
 
 _DATALOADER_ITER = "torch.utils.data.dataloader"
 _DCP = "torch.distributed.checkpoint"
@@ -62,7 +62,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _when_imported(self, generation: int, patch: Callable[[], None]) -> None:
         if generation == getattr(self, "_generation", None) and self.is_instrumented_by_opentelemetry:
-            contained()(patch)()
+            call_contained(patch)
 
     def _wrap(self, module: Any, name: str, wrapper: Callable[..., Any]) -> None:
         """``wrapt``-wrap ``module.name`` (a dotted name for a method) and remember how to undo it."""
