@@ -75,8 +75,8 @@ def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
     span_name, boundary = FUNCTIONS[function]
 
     def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        if function == "init_process_group" and tracker.inert:
-            tracker.wake(*init_rank(wrapped, args, kwargs))
+        if function == "init_process_group" and tracker.dormant:
+            tracker.claim_if_dormant(*init_rank(wrapped, args, kwargs))
         if function == "destroy_process_group":
             _untrack(tracker, args, kwargs)
         token = _begin(tracker, span_name, boundary, function, args, kwargs)
@@ -97,7 +97,7 @@ def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
 def _track(tracker: StepTracker) -> None:
     """Track the default group's collectives (later groups are picked up at step ends), and
     export the gauges through the pipeline the tracker records into."""
-    if tracker.inert or not supported():
+    if tracker.dormant or not supported():
         return
     import torch.distributed as dist
 

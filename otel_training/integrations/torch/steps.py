@@ -78,7 +78,7 @@ class StepTracker:
         #: Set by framework callbacks that emit their own step spans.
         self.suspended = False
         #: Records nothing: dormant until the process trains (``claim`` pending), or the claim was refused.
-        self.inert = claim is not None
+        self.dormant = claim is not None
         self._claim = claim
         self._claim_lock = threading.Lock()
         #: ``optimizer.step()`` calls in any thread (tells a GradScaler skip apart).
@@ -107,14 +107,14 @@ class StepTracker:
         self._wait_ns = 0
 
     # -- dormancy -------------------------------------------------------------
-    def _asleep(self) -> bool:
-        """True while inert; a dormant tracker wakes when the process got configured by other means."""
+    def _still_dormant(self) -> bool:
+        """True while dormant; a dormant tracker claims the process once it got configured by other means."""
         if self._claim is not None and get_telemetry() is not None:
-            self.wake()
-        return self.inert
+            self.claim_if_dormant()
+        return self.dormant
 
     @contained(default=None)
-    def wake(self, rank: int | None = None, world_size: int | None = None) -> None:
+    def claim_if_dormant(self, rank: int | None = None, world_size: int | None = None) -> None:
         """The process does training work: claim it (once) if dormant, and start recording if it is ours."""
         if self._claim is None:
             return
@@ -128,16 +128,16 @@ class StepTracker:
             else:
                 try:
                     claimed = bool(claim(rank, world_size))
-                except Exception:  # noqa: BLE001 - stay inert, never break training
+                except Exception:  # noqa: BLE001 - stay dormant, never break training
                     log_once("torch-claim", "otel_training: could not configure this training process; "
                              "it runs uninstrumented")
-            self.inert = not claimed
+            self.dormant = not claimed
         if claimed:
             self._arm_forward()
 
     # -- ownership ----------------------------------------------------------
-    def _mine(self) -> bool:
-        if self.suspended or (self.inert and self._asleep()) or not is_instrumentation_enabled():
+    def _records_here(self) -> bool:
+        if self.suspended or (self.dormant and self._still_dormant()) or not is_instrumentation_enabled():
             return False
         ident = threading.get_ident()
         if self._owner is None:
@@ -204,7 +204,7 @@ class StepTracker:
 
     # -- the forward pre-hook, armed only while no step is open -------------
     def _arm_forward(self) -> None:
-        if self._forward_handle is None and not self.suspended and not self.inert:
+        if self._forward_handle is None and not self.suspended and not self.dormant:
             self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
 
     def _disarm_forward(self) -> None:
@@ -214,7 +214,7 @@ class StepTracker:
 
     @contained(default=None)
     def _on_forward(self, module: Any, args: Any) -> None:
-        if not (module.training and torch.is_grad_enabled()) or not self._mine():
+        if not (module.training and torch.is_grad_enabled()) or not self._records_here():
             return
         if self._step is not None:
             if self._fetched:  # a DataLoader drives the loop: forward is no boundary
@@ -228,10 +228,10 @@ class StepTracker:
     @contained(default=None)
     def fetch_begin(self, iterator: Any) -> int | None:
         """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
-        if self.inert and self._asleep():
+        if self.dormant and self._still_dormant():
             return None
         exhausted = _exhausted(iterator)
-        if self._mine():
+        if self._records_here():
             self._boundary(fetch=True)
             if self._step is None and torch.is_grad_enabled() and not exhausted:
                 self._open(awaiting_input=True)
@@ -258,10 +258,10 @@ class StepTracker:
     @contained(default=None)
     def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
         """Begin a checkpoint or distributed span: inside the step in progress, or after
-        closing a step that only waited for its boundary (``boundary=True``). None while inert."""
-        if self.inert and self._asleep():
+        closing a step that only waited for its boundary (``boundary=True``). None while dormant."""
+        if self.dormant and self._still_dormant():
             return None
-        if boundary and self._mine():
+        if boundary and self._records_here():
             self._boundary(fetch=True)
         return self._begin_in_step(duration)
 
@@ -290,8 +290,8 @@ class StepTracker:
     @contained(default=None)
     def backward_begin(self) -> None:
         if self._claim is not None:
-            self.wake()
-        if not self._mine():
+            self.claim_if_dormant()
+        if not self._records_here():
             return
         self._boundary(fetch=False)
         if self._step is None:
@@ -299,7 +299,7 @@ class StepTracker:
 
     @contained(default=None)
     def backward_end(self) -> None:
-        if self._step is not None and self._mine():
+        if self._step is not None and self._records_here():
             self._backward_ends.append(time.time_ns())
 
     @contained(default=None)
@@ -310,8 +310,8 @@ class StepTracker:
         key = id(optimizer)
         self._nested[key] = self._nested.get(key, 0) + 1
         if self._claim is not None:
-            self.wake()
-        if not self._mine() or self._step is not None:
+            self.claim_if_dormant()
+        if not self._records_here() or self._step is not None:
             return
         if not self._just_closed:
             self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
@@ -323,14 +323,14 @@ class StepTracker:
         if depth > 0:
             self._nested[key] = depth
             return  # the inner step() of a subclass's super().step()
-        if not self._mine():
+        if not self._records_here():
             return
         self._stepped_once(optimizer, skipped=False)
 
     @contained(default=None)
     def scaler_skipped(self, optimizer: Any) -> None:
         """``GradScaler.step`` returned without calling ``optimizer.step()``."""
-        if self._mine():
+        if self._records_here():
             self._stepped_once(optimizer, skipped=True)
 
     def _stepped_once(self, optimizer: Any, skipped: bool) -> None:
