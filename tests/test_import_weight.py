@@ -37,11 +37,14 @@ def test_a_light_import_loads_no_sdk_tracing_and_no_pipeline(module: str) -> Non
 
 
 def test_the_watchdog_sidecar_loads_no_pipeline() -> None:
-    """The sidecar exports alerts with the SDK's exporters, and nothing of the training process's pipeline."""
+    """The sidecar exports alerts with the SDK's exporters and the detector's alert helpers, and nothing of the
+    training process's pipeline."""
     loaded = _loaded("otel_training.watchdog.monitor")
     assert not [name for name in loaded if name.startswith(("otel_training.pipeline.telemetry", "otel_training.events",
-                                                            "otel_training.processors", "otel_training.lifecycle",
-                                                            "otel_training.integrations"))]
+                                                            "otel_training.lifecycle", "otel_training.integrations",
+                                                            "otel_training.processors.stuck_actions",
+                                                            "otel_training.processors.goodput"))]
+    assert "otel_training.processors.stuck_alerts" in loaded  # its alert spans are built as the detector's are
     assert "otel_training.pipeline.exporters" in loaded  # the factory, shared with the pipeline
 
 

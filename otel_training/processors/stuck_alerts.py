@@ -75,17 +75,9 @@ class AlertSink:
         attributes.update(span.attributes or {})
         if kind == sc.ALERT_KIND_STUCK:
             attributes.update(alert_context.collect())  # e.g. the collective this rank is inside
-        attributes.update({
-            sc.ALERT_KIND: kind,
-            sc.ALERT_SOURCE: sc.ALERT_SOURCE_PROCESSOR,
-            sc.ALERT_SPAN_NAME: span.name,
-            sc.ALERT_SPAN_ID: f"{context.span_id:016x}",
-            sc.ALERT_ELAPSED_S: round(elapsed, 6),
-            sc.ALERT_THRESHOLD_S: threshold.seconds,
-            sc.ALERT_THRESHOLD_SOURCE: threshold.source,
-            sc.ALERT_THRESHOLD_RULE: threshold.rule,
-            sc.ALERT_COUNT: count,
-        })
+        attributes.update(alert_attributes(kind, sc.ALERT_SOURCE_PROCESSOR, count, span.name, context.span_id,
+                                           elapsed, threshold.seconds, threshold.source))
+        attributes[sc.ALERT_THRESHOLD_RULE] = threshold.rule
         if stacks is not None:
             attributes[sc.ALERT_STACKS] = stacks
         if kind == sc.ALERT_KIND_STUCK and self._action != "none":
@@ -103,10 +95,8 @@ class AlertSink:
 
     def _export(self, span: Span, context: SpanContext, attributes: dict[str, Any]) -> None:
         """End an alert span at once, in the watched span's trace, and remember where to flush it."""
-        links = [Link(context, {sc.LINK_TYPE: sc.LINK_ALERTED})]
         if self._tracer is not None:
-            parent = trace_api.set_span_in_context(NonRecordingSpan(context))
-            self._tracer.start_span(sc.SPAN_ALERT, context=parent, attributes=attributes, links=links).end()
+            end_alert_span(self._tracer, context, attributes)
             self.flush_target = self._tracer_provider.force_flush  # type: ignore[union-attr]
             return
         # No provider given: use the stuck span's own pipeline (resource, processors, exporter).
@@ -118,9 +108,34 @@ class AlertSink:
             tracer = tracer_for_pipeline(span.resource, pipeline, ALWAYS_ON, _ids,
                                          InstrumentationScope(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL))
             self._pipeline_tracers = {id(pipeline): tracer}  # one pipeline in practice; keep it bounded
-        parent = trace_api.set_span_in_context(NonRecordingSpan(context))
-        tracer.start_span(sc.SPAN_ALERT, context=parent, attributes=attributes, links=links).end()
+        end_alert_span(tracer, context, attributes)
         self.flush_target = pipeline.force_flush
+
+
+def alert_attributes(kind: str, source: str, count: int, span_name: str | None = None, span_id: int | None = None,
+                     elapsed_s: float | None = None, threshold_s: float | None = None,
+                     threshold_source: str | None = None) -> dict[str, Any]:
+    """The attributes every alert has, from the in-process detector or the watchdog sidecar alike."""
+    attributes: dict[str, Any] = {sc.ALERT_KIND: kind, sc.ALERT_SOURCE: source, sc.ALERT_COUNT: count}
+    if span_name is not None and span_id is not None:
+        attributes[sc.ALERT_SPAN_NAME] = span_name
+        attributes[sc.ALERT_SPAN_ID] = f"{span_id:016x}"
+    if elapsed_s is not None:
+        attributes[sc.ALERT_ELAPSED_S] = round(elapsed_s, 6)
+    if threshold_s is not None:
+        attributes[sc.ALERT_THRESHOLD_S] = threshold_s
+    if threshold_source is not None:
+        attributes[sc.ALERT_THRESHOLD_SOURCE] = threshold_source
+    return attributes
+
+
+def end_alert_span(tracer: trace_api.Tracer, alerted: SpanContext | None, attributes: Mapping[str, Any]) -> None:
+    """A ``training.alert`` span, child of and linked to the span it alerts on (when there is one), ended at once."""
+    context, links = None, []
+    if alerted is not None:
+        context = trace_api.set_span_in_context(NonRecordingSpan(alerted))
+        links.append(Link(alerted, {sc.LINK_TYPE: sc.LINK_ALERTED}))
+    tracer.start_span(sc.SPAN_ALERT, context=context, attributes=attributes, links=links).end()
 
 
 def _describe(attributes: Mapping[str, Any] | None) -> str:

@@ -30,15 +30,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
 from otel_training._stacks import bounded
+from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline import exporters as factory
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
 
@@ -143,37 +143,26 @@ class Watchdog:
         self._next_ns = now + max(escalation_ns, int(self.poll_s * 1e9))
 
     def _alert(self, kind: str, state: SlotState, now_ns: int, stacks: str | None, error: str | None) -> None:
-        attributes: dict[str, Any] = {
-            sc.ALERT_KIND: kind,
-            sc.ALERT_SOURCE: sc.ALERT_SOURCE_WATCHDOG,
-            sc.ALERT_PID: state.pid or self.pid,
-            sc.ALERT_COUNT: self._count,
-        }
-        links: list[Link] = []
-        context = None
+        alerted = None
         if state.open or kind == sc.ALERT_KIND_RECOVERED:
-            span_context = SpanContext(state.trace_id, state.span_id, is_remote=True,
-                                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
-            context = trace_api.set_span_in_context(NonRecordingSpan(span_context))
-            links.append(Link(span_context, {sc.LINK_TYPE: sc.LINK_ALERTED}))
-            attributes.update({
-                sc.ALERT_SPAN_NAME: state.name,
-                sc.ALERT_SPAN_ID: f"{state.span_id:016x}",
-                sc.ALERT_ELAPSED_S: round((now_ns - state.begin_ns) / 1e9, 6),
-                sc.ALERT_THRESHOLD_S: state.threshold_ns / 1e9,
-                sc.ALERT_THRESHOLD_SOURCE: "slot",
-            })
+            alerted = SpanContext(state.trace_id, state.span_id, is_remote=True,
+                                  trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            attributes = alert_attributes(kind, sc.ALERT_SOURCE_WATCHDOG, self._count, state.name, state.span_id,
+                                          (now_ns - state.begin_ns) / 1e9, state.threshold_ns / 1e9, "slot")
             if state.step is not None:
                 attributes[sc.STEP] = state.step
             if state.epoch is not None:
                 attributes[sc.EPOCH] = state.epoch
+        else:
+            attributes = alert_attributes(kind, sc.ALERT_SOURCE_WATCHDOG, self._count)
+        attributes[sc.ALERT_PID] = state.pid or self.pid
         if kind == sc.ALERT_KIND_STUCK:
             if stacks is not None:
                 attributes[sc.ALERT_STACKS] = stacks
                 attributes[sc.ALERT_STACKS_SOURCE] = "py-spy"
             if error is not None:
                 attributes[sc.ALERT_STACKS_ERROR] = error
-        self.tracer.start_span(sc.SPAN_ALERT, context=context, attributes=attributes, links=links).end()
+        end_alert_span(self.tracer, alerted, attributes)
         logger.warning("otel_training watchdog: pid %d %s %s", self.pid, kind,
                        f"in {state.name} step {state.step}" if state.open else "")
 
