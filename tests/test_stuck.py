@@ -17,6 +17,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from clocks import FakeClock
 from otlp_json import read_spans
 
 from otel_training import StuckEvent, StuckSpanProcessor
@@ -86,22 +87,22 @@ def pipeline() -> Iterator[Callable[..., Pipeline]]:
 
 
 def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callable[..., Pipeline]) -> None:
-    p = pipeline(threshold_s=0.3, first_threshold_s=0.3, escalation_s=0.4)
+    clock = FakeClock()  # times in binary fractions: deadlines compare exactly
+    p = pipeline(threshold_s=0.25, first_threshold_s=0.25, escalation_s=0.5, clock=clock, watcher=False)
     with p.tracer.start_as_current_span(sc.SPAN_EPOCH, attributes={sc.EPOCH: 2}) as epoch:
-        started = time.monotonic()  # before on_start, so the intervals below are upper bounds
         with p.tracer.start_as_current_span(sc.SPAN_STEP, attributes={sc.STEP: 17}) as step:
-            wait_for(lambda: len(p.events) >= 1)
-            first_at = time.monotonic() - started
-            # Once, not again before the escalation interval.
-            time.sleep(0.2)
-            assert len(p.events) == 1
-            wait_for(lambda: len(p.events) >= 2)
-            second_at = time.monotonic() - started
-    wait_for(lambda: len(p.alerts(sc.ALERT_KIND_RECOVERED)) == 1)
-
-    # Not before the threshold, then the escalation; the bench measures how soon after (ms).
-    assert 0.3 <= first_at < 0.55
-    assert 0.7 <= second_at < 0.95
+            clock.now += 0.125
+            assert p.processor.tick() == 0 and not p.events  # not before the threshold
+            clock.now += 0.125
+            assert p.processor.tick() == 1 and len(p.events) == 1
+            clock.now += 0.25
+            assert p.processor.tick() == 0 and len(p.events) == 1  # once, not again before the escalation
+            clock.now += 0.25
+            assert p.processor.tick() == 1 and len(p.events) == 2  # threshold + escalation
+            clock.now += 0.125  # then the step ends
+    p.processor.tick()  # the recovery's callbacks run where the scans run
+    assert [event.kind for event in p.events] == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
+    assert [event.elapsed_s for event in p.events] == [0.25, 0.75, 0.875]
     stuck = p.alerts(sc.ALERT_KIND_STUCK)
     assert [span.attributes[sc.ALERT_COUNT] for span in stuck] == [1, 2]
     # Only the repeat says so: a paging rule counts one episode against the one recovery.
@@ -115,8 +116,8 @@ def test_fires_once_per_threshold_then_escalates_then_recovers(pipeline: Callabl
     assert first.attributes[sc.EPOCH] == 2
     assert first.attributes[sc.ALERT_SPAN_NAME] == sc.SPAN_STEP
     assert first.attributes[sc.ALERT_SPAN_ID] == f"{step_context.span_id:016x}"
-    assert first.attributes[sc.ALERT_THRESHOLD_S] == 0.3
-    assert first.attributes[sc.ALERT_ELAPSED_S] >= 0.3
+    assert first.attributes[sc.ALERT_THRESHOLD_S] == 0.25
+    assert first.attributes[sc.ALERT_ELAPSED_S] == 0.25
     assert first.attributes[sc.ALERT_SOURCE] == sc.ALERT_SOURCE_PROCESSOR
     assert "test_fires_once_per_threshold" in first.attributes[sc.ALERT_STACKS]  # the stuck thread's stack
     recovered = p.alerts(sc.ALERT_KIND_RECOVERED)[0]

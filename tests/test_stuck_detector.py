@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from clocks import FakeClock
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -18,17 +19,9 @@ from otel_training import semconv as sc
 from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Detector:
     def __init__(self, **kwargs) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(1000.0)
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()
         self.events: list[StuckEvent] = []
