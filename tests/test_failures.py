@@ -43,20 +43,27 @@ TRAINING_SCRIPT = textwrap.dedent(
 )
 
 
+def _default_signals() -> None:
+    """In the child: the default action for the signals under test, whatever this test run inherited
+    (``nohup`` ignores SIGHUP, a background job SIGINT and SIGQUIT; an ignored signal stays ignored)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _run_script(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
     script = tmp_path / "train.py"
     script.write_text(TRAINING_SCRIPT)
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     return subprocess.Popen(
         [sys.executable, str(script), str(tmp_path / "traces"), mode],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_signals,
     )
 
 
 def _baseline_exit(tmp_path: Path, signum: int) -> int:
     """The exit status of the same kind of process without the library."""
     process = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-                               stdout=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     assert process.stdout.readline().strip() == "ready"
     process.send_signal(signum)
     return process.wait(timeout=30)
