@@ -172,9 +172,7 @@ class StuckSpanProcessor(SpanProcessor):
         self._recovered: deque[StuckEvent] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        actions = getattr(self, "_actions", None)
-        if actions is not None:
-            actions.reset()
+        self._actions.reset()
 
     def _after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) watches only its own spans, with its own threads."""
