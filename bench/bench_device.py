@@ -58,31 +58,36 @@ def _configure(output: str, **options) -> otel_training.Telemetry:
 
 
 def record_cost(factory, pairs: int = 20000) -> float:
-    """µs per step of the two marker records alone (the device's own call)."""
+    """µs per step of the two marker records alone (the device's own call), from the pool as in a loop."""
     device = factory()
+    device.release(device.record())
     started = time.thread_time_ns()
     for _ in range(pairs):
-        device.record()
-        device.record()
+        device.release(device.record())
+        device.release(device.record())
     return (time.thread_time_ns() - started) / pairs / 1e3
 
 
-def step_cost(factory, steps: int, rounds: int, resolving: bool = True) -> tuple[float, float, list[float]]:
+def step_cost(factory, steps: int, rounds: int, resolving: bool = True,
+              pace_s: float = 0.0) -> tuple[float, float, list[float]]:
     """Median µs per step with and without the timeline, and the per-round differences.
 
     ``resolving=False`` keeps the resolver asleep: the training thread's own code alone, without
     the resolver thread's competition for the GIL (which emits a device span per step).
+    ``pace_s`` spaces the steps (only the steps are timed), as a loop with work in its steps
+    does: the resolver then keeps up and the markers come from its pool, whereas back-to-back
+    empty steps outrun it and each marker is a new event.
     """
     saved = device_module.POLL_S, device_module.IDLE_POLL_S
     if not resolving:
         device_module.POLL_S = device_module.IDLE_POLL_S = 3600.0
     try:
-        return _step_cost(factory, steps, rounds)
+        return _step_cost(factory, steps, rounds, pace_s)
     finally:
         device_module.POLL_S, device_module.IDLE_POLL_S = saved
 
 
-def _step_cost(factory, steps: int, rounds: int) -> tuple[float, float, list[float]]:
+def _step_cost(factory, steps: int, rounds: int, pace_s: float) -> tuple[float, float, list[float]]:
     with tempfile.TemporaryDirectory() as output:
         with_device, without, differences = [], [], []
         for index in range(rounds):
@@ -93,11 +98,15 @@ def _step_cost(factory, steps: int, rounds: int) -> tuple[float, float, list[flo
                 trainer = otel_training.TrainerProcess()
                 with trainer.step(global_step=-1):  # probe and warm up outside the timing
                     pass
-                started = time.thread_time_ns()
+                spent = 0
                 for step in range(steps):
+                    started = time.thread_time_ns()
                     with trainer.step(global_step=step):
                         pass
-                measured[on] = (time.thread_time_ns() - started) / steps / 1e3
+                    spent += time.thread_time_ns() - started
+                    if pace_s:
+                        time.sleep(pace_s)
+                measured[on] = spent / steps / 1e3
                 telemetry.shutdown(timeout_s=5)
             with_device.append(measured[True])
             without.append(measured[False])
@@ -183,10 +192,19 @@ def main() -> None:
     else:
         factory, what = NoOpDevice, "a no-op device (the timeline's own code)"
     print(f"training-thread CPU per trainer.step(), {what}:")
-    print(f"  the two marker records alone: {record_cost(factory):.2f} us per step; goal <= 10 us")
-    for resolving, label in ((False, "the timeline's training-thread code (resolver asleep)"),
-                             (True, "with the resolver emitting a device span per step")):
-        with_device, without, differences = step_cost(factory, args.steps, args.rounds, resolving)
+    if args.cuda:
+        for events in ("torch", "torch.cuda"):
+            cost = record_cost(lambda: CudaDevice(torch.cuda, events=events))  # noqa: B023
+            print(f"  the two marker records alone, {'torch.Event' if events == 'torch' else 'torch.cuda.Event'}: "
+                  f"{cost:.2f} us per step; goal <= 10 us")
+    else:
+        print(f"  the two marker records alone: {record_cost(factory):.2f} us per step; goal <= 10 us")
+    variants = [(False, 0.0, "the timeline's training-thread code (resolver asleep)"),
+                (True, 0.0, "with the resolver emitting a device span per step, steps back to back")]
+    if args.cuda:
+        variants.append((True, 0.0005, "the same, steps 0.5 ms apart (markers from the pool)"))
+    for resolving, pace_s, label in variants:
+        with_device, without, differences = step_cost(factory, args.steps, args.rounds, resolving, pace_s)
         print(f"  {label}: {with_device:.2f} vs {without:.2f} us, "
               f"+{statistics.median(differences):.2f} us per step (rounds {min(differences):+.2f} .. "
               f"{max(differences):+.2f})")

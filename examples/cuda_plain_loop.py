@@ -8,7 +8,8 @@ DataLoader wait or in no span at all.
 Run it under ``otel-training run`` to see the device timeline. For checking
 figures, it records its own CUDA events at the top of every iteration (the
 "true" step time) and prints one JSON line: the median true step time, wall
-time, and the step it stalled (``--stall-step`` sleeps the GPU for
+time, the device's own busy and idle time between those events and each optimizer step's end,
+and the step it stalled (``--stall-step`` sleeps the GPU for
 ``--stall-s`` at the top of that step's forward pass, as a hung kernel would).
 
     otel-training run --output-dir traces -- python examples/cuda_plain_loop.py --steps 200
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--item-every", type=int, default=10, help="loss.item() every this many steps")
     parser.add_argument("--stall-step", type=int, default=None, help="sleep the GPU at this step's forward")
     parser.add_argument("--stall-s", type=float, default=4.0)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this example needs CUDA")
@@ -45,10 +47,12 @@ def main() -> None:
     model = torch.nn.Sequential(*layers).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.utils.data.TensorDataset(torch.randn(args.batch * 8, args.width), torch.randn(args.batch * 8, args.width))
-    loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, pin_memory=True, drop_last=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, pin_memory=True, drop_last=True,
+                                         num_workers=args.workers, persistent_workers=args.workers > 0)
 
     cycles_per_s = cycles_per_second() if args.stall_step is not None else 0
     tops: list[torch.cuda.Event] = []
+    dones: list[torch.cuda.Event] = []
     step = 0
     started = time.perf_counter()
     while step < args.steps:
@@ -65,6 +69,9 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            done = torch.cuda.Event(enable_timing=True)
+            done.record()
+            dones.append(done)
             if step % args.item_every == args.item_every - 1:
                 loss.item()
             step += 1
@@ -72,8 +79,15 @@ def main() -> None:
     wall_s = time.perf_counter() - started
     periods = [a.elapsed_time(b) / 1e3 for a, b in zip(tops, tops[1:])]
     warm = periods[5:] if len(periods) > 10 else periods
+    # The device's own account: busy from an iteration's top to its optimizer step's end, idle from
+    # there to the next top (the device waited for the host: its next batch, a sync, the launch).
+    busy = [top.elapsed_time(done) / 1e3 for top, done in zip(tops, dones)]
+    idle = [done.elapsed_time(top) / 1e3 for done, top in zip(dones, tops[1:])]
+    window_s = tops[0].elapsed_time(dones[-1]) / 1e3
     print(json.dumps({
         "steps": step, "wall_s": wall_s, "true_step_median_s": statistics.median(warm),
+        "busy_step_median_s": statistics.median(busy[6:] if len(busy) > 11 else busy),
+        "device_busy_s": sum(busy), "device_idle_s": sum(idle), "device_window_s": window_s,
         "stall_step": args.stall_step, "device": torch.cuda.get_device_name(),
     }), flush=True)
 

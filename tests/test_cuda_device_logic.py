@@ -46,6 +46,22 @@ class Event:
         return (other.device_ns - self.device_ns) / 1e6  # type: ignore[operator]
 
 
+class GenericEvent(Event):
+    """``torch.Event``: the device is named, and ``record()`` without a stream uses the current one."""
+
+    def __init__(self, device: str, enable_timing: bool = False) -> None:
+        assert device == "cuda:0"
+        super().__init__(enable_timing)
+
+    def record(self, stream: Stream | None = None) -> None:
+        super().record(FakeCuda.active.stream if stream is None else stream)
+
+
+def GenericStream(device: str) -> Stream:  # noqa: N802 - torch's name
+    assert device == "cuda:0"
+    return Stream(0, FakeCuda.active.side_busy_until_ns)
+
+
 class CUDAGraph:
     def capture_begin(self, *args, **kwargs) -> None:
         FakeCuda.active.captures += 1
@@ -92,6 +108,18 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     return FakeCuda()
 
 
+@pytest.fixture(params=["torch", "torch.cuda"])
+def make(request: pytest.FixtureRequest, cuda: FakeCuda):
+    """A CudaDevice on the stand-in, recording with ``torch.Event`` or with ``torch.cuda.Event``."""
+
+    def make_device() -> CudaDevice:
+        device = CudaDevice(cuda, events=request.param, generic=(GenericEvent, GenericStream))
+        assert device.events == request.param
+        return device
+
+    return make_device
+
+
 def resolve(device: CudaDevice, marker, timeout_s: float = 5.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,8 +129,8 @@ def resolve(device: CudaDevice, marker, timeout_s: float = 5.0) -> int:
     raise AssertionError("marker never completed")
 
 
-def test_device_time_maps_to_the_wall_clock(cuda: FakeCuda) -> None:
-    device = CudaDevice(cuda)
+def test_device_time_maps_to_the_wall_clock(make) -> None:
+    device = make()
     before = time.time_ns()
     marker = device.record()
     after = time.time_ns()
@@ -112,8 +140,8 @@ def test_device_time_maps_to_the_wall_clock(cuda: FakeCuda) -> None:
     assert device.label == "cuda:0" and device.name == "Stand-in GPU"
 
 
-def test_a_marker_completed_before_the_anchor_gets_a_negative_offset(cuda: FakeCuda) -> None:
-    device = CudaDevice(cuda)
+def test_a_marker_completed_before_the_anchor_gets_a_negative_offset(make) -> None:
+    device = make()
     early = device.record()
     recorded = time.time_ns()
     time.sleep(0.01)  # the anchor is taken later than the marker completed
@@ -122,9 +150,9 @@ def test_a_marker_completed_before_the_anchor_gets_a_negative_offset(cuda: FakeC
 
 
 @pytest.mark.realtime
-def test_a_busy_anchor_stream_neither_blocks_nor_skews(cuda: FakeCuda) -> None:
+def test_a_busy_anchor_stream_neither_blocks_nor_skews(cuda: FakeCuda, make) -> None:
     cuda.side_busy_until_ns = time.time_ns() + 3_600_000_000_000  # a collective that never ends
-    device = CudaDevice(cuda)
+    device = make()
     marker = device.record()
     recorded = time.time_ns()
     started = time.monotonic()
@@ -137,8 +165,8 @@ def test_a_busy_anchor_stream_neither_blocks_nor_skews(cuda: FakeCuda) -> None:
     assert abs(resolve(device, later) - recorded) < 5_000_000
 
 
-def test_nothing_recorded_or_queried_during_a_capture_however_it_ends(cuda: FakeCuda) -> None:
-    device = CudaDevice(cuda)
+def test_nothing_recorded_or_queried_during_a_capture_however_it_ends(cuda: FakeCuda, make) -> None:
+    device = make()
     graph_class = cuda.graphs.CUDAGraph
     pending = device.record()
     queries = pending.queries
@@ -159,3 +187,31 @@ def test_nothing_recorded_or_queried_during_a_capture_however_it_ends(cuda: Fake
 
     cuda.capturing = True  # a capture begun without a CUDAGraph (the current stream says so)
     assert device.record() is None
+
+
+def test_another_current_device_is_timed_on_the_host(cuda: FakeCuda, make, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = make()
+    monkeypatch.setattr(cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(cuda.stream, "device_index", 1)
+    assert device.record() is None
+
+
+def test_markers_come_from_the_pool(make) -> None:
+    device = make()
+    first = device.record()
+    resolve(device, first)
+    second = device.record()
+    resolve(device, second)
+    device.release(second)  # (the first may be the clock's anchor, which is never reused)
+    assert device.record() is second
+
+
+def test_the_event_api_is_chosen_by_the_variable(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    generic = (GenericEvent, GenericStream)
+    assert CudaDevice(cuda, generic=generic).events == "torch"
+    assert CudaDevice(cuda, generic=(None, None)).events == "torch.cuda"  # a torch without torch.Event
+    monkeypatch.setenv(cuda_module.ENV_EVENTS, "torch.cuda")
+    assert CudaDevice(cuda, generic=generic).events == "torch.cuda"
+    monkeypatch.setenv(cuda_module.ENV_EVENTS, "cupy")
+    with pytest.raises(ValueError, match="OTEL_TRAINING__CUDA_EVENTS='cupy'"):
+        CudaDevice(cuda, generic=generic)

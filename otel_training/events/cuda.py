@@ -2,6 +2,10 @@
 
 On the training thread a marker is one ``cudaEventRecord`` of a pooled timing
 event on the current stream: no synchronisation, no allocation after warm-up.
+The device-generic ``torch.Event`` (torch >= 2.4) records on the current stream
+from C++; ``torch.cuda.Event`` first builds a Python ``Stream`` object for it,
+which costs more than the record itself (``bench/bench_device.py --cuda``
+measures both). ``OTEL_TRAINING__CUDA_EVENTS=torch.cuda`` keeps the older one.
 
 On the resolver thread, ``cudaEventQuery`` says whether a marker completed, and
 ``cudaEventElapsedTime`` from an *anchor* event gives when, on the device's own
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import sys
 import threading
 import time
 from typing import Any
@@ -38,6 +44,8 @@ ANCHOR_EVERY_S = 10.0
 #: Longest a calibration sample waits for its anchor event, and the widest bracket kept.
 ANCHOR_WAIT_S = 0.002
 ANCHOR_MAX_BRACKET_S = 0.0002
+#: Which event API records the markers ("torch" or "torch.cuda"), for a torch whose ``torch.Event`` misbehaves.
+ENV_EVENTS = "OTEL_TRAINING__CUDA_EVENTS"
 _capture_lock = threading.Lock()
 _captures = [0]  # graph captures in progress, in any thread
 
@@ -45,13 +53,31 @@ _captures = [0]  # graph captures in progress, in any thread
 class CudaDevice:
     """The current CUDA device; one stream order per step (the current stream's)."""
 
-    def __init__(self, cuda: Any) -> None:
+    def __init__(self, cuda: Any, events: str | None = None, generic: tuple[Any, Any] | None = None) -> None:
+        """``events``: "torch" (the device-generic ``torch.Event``) or "torch.cuda" (``torch.cuda.Event``);
+        by default the first where torch has it, unless ``OTEL_TRAINING__CUDA_EVENTS`` says otherwise.
+        ``generic``: the device-generic (Event, Stream) types; torch's by default (tests pass stand-ins).
+        """
         self._cuda = cuda
         self.index: int = cuda.current_device()
         self.label = f"cuda:{self.index}"
         self.name: str = cuda.get_device_name(self.index)
         self._pool: collections.deque[Any] = collections.deque()
-        self._side = cuda.Stream(device=self.index)
+        events = events or os.environ.get(ENV_EVENTS) or "torch"
+        if events not in ("torch", "torch.cuda"):
+            raise ValueError(f"{ENV_EVENTS}={events!r}: expected 'torch' or 'torch.cuda'")
+        if generic is None:
+            torch = sys.modules.get("torch")
+            generic = (getattr(torch, "Event", None), getattr(torch, "Stream", None))
+        event_type, stream_type = generic
+        self.events = "torch" if events == "torch" and event_type is not None and stream_type is not None \
+            else "torch.cuda"
+        if self.events == "torch":
+            self._new_event = functools.partial(event_type, self.label, enable_timing=True)
+            self._side = stream_type(self.label)
+        else:
+            self._new_event = functools.partial(cuda.Event, enable_timing=True)
+            self._side = cuda.Stream(device=self.index)
         self._anchor: tuple[Any, int] | None = None
         self._anchored_at = float("-inf")
         self._polled_ns: dict[int, int] = {}  # id(marker) -> wall clock of its last incomplete query
@@ -70,13 +96,18 @@ class CudaDevice:
         cuda = self._cuda
         if _captures[0] or cuda.is_current_stream_capturing():
             return None
-        stream = cuda.current_stream()
-        if stream.device_index != self.index:
-            return None  # another device is current: this step is timed on the host
+        if self.events == "torch":
+            if cuda.current_device() != self.index:
+                return None  # another device is current: this step is timed on the host
+            stream = None  # torch.Event records on the current device's current stream, in C++
+        else:
+            stream = cuda.current_stream()
+            if stream.device_index != self.index:
+                return None
         try:
             event = self._pool.pop()
         except IndexError:
-            event = cuda.Event(enable_timing=True)
+            event = self._new_event()
         event.record(stream)
         return event
 
@@ -114,7 +145,7 @@ class CudaDevice:
         """Up to three bounded samples; the narrowest bracket under the limit becomes the anchor."""
         best: tuple[int, Any, int] | None = None
         for _ in range(3):
-            event = self._cuda.Event(enable_timing=True)
+            event = self._new_event()
             with _capture_lock:
                 if _captures[0]:
                     return

@@ -1,0 +1,80 @@
+"""Wall-time overhead of ``otel-training run`` on an unmodified CUDA loop, as a user would see it.
+
+Runs ``examples/cuda_plain_loop.py`` (8 x Linear, AdamW, a pinned DataLoader,
+``loss.item()`` every 10 steps) as plain ``python`` and under ``otel-training
+run`` (torch auto-instrumentation, the device timeline, the default OTLP JSON
+file pipeline), alternating, the order flipped every round. Each run prints its
+own loop wall time (from the first step to a final ``torch.cuda.synchronize()``,
+so process start-up and CUDA initialisation are not counted) and its median
+CUDA-event step time. Printed: the median of the per-round ratios
+instrumented/plain, with their spread, and how much of the loop the device sat
+idle (from the loop's own events: a host-bound loop pays the host's extra time
+in full). Goal: <= 1.02 with ~4 ms steps (``--batch 128`` on an H100).
+
+    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --batch 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LOOP = REPO / "examples" / "cuda_plain_loop.py"
+
+
+def run_once(instrumented: bool, loop_args: list[str], output: Path) -> dict:
+    command = [sys.executable, str(LOOP), *loop_args]
+    if instrumented:
+        command = [str(Path(sys.executable).parent / "otel-training"), "run", "--output-dir", str(output), "--",
+                   *command]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="runs per mode (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=400, help="steps per run (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=128, help="batch size; sets the step time (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default: %(default)s)")
+    args = parser.parse_args()
+    loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--workers", str(args.workers)]
+
+    walls: dict[bool, list[float]] = {False: [], True: []}
+    steps: dict[bool, list[float]] = {False: [], True: []}
+    idle: dict[bool, list[float]] = {False: [], True: []}
+    ratios: list[float] = []
+    device = "?"
+    with tempfile.TemporaryDirectory(prefix="bench-cuda-loop-") as scratch:
+        for round_index in range(args.rounds):
+            for instrumented in ((False, True) if round_index % 2 == 0 else (True, False)):
+                result = run_once(instrumented, loop_args, Path(scratch) / f"r{round_index}")
+                walls[instrumented].append(result["wall_s"])
+                steps[instrumented].append(result["true_step_median_s"])
+                idle[instrumented].append(result["device_idle_s"] / result["device_window_s"])
+                device = result["device"]
+            ratios.append(walls[True][-1] / walls[False][-1])
+            print(f"round {round_index}: plain {walls[False][-1]:.3f} s, instrumented {walls[True][-1]:.3f} s, "
+                  f"ratio {ratios[-1]:.4f}", flush=True)
+
+    print(f"loop: examples/cuda_plain_loop.py {' '.join(loop_args)}, {args.rounds} rounds per mode, {device}")
+    for instrumented, label in ((False, "plain"), (True, "otel-training run")):
+        print(f"{label:18s} loop wall median {statistics.median(walls[instrumented]):.3f} s, "
+              f"CUDA-event step median {statistics.median(steps[instrumented]) * 1e3:.2f} ms, "
+              f"device idle {statistics.median(idle[instrumented]):.1%} of the loop")
+    print(f"ratio instrumented/plain: median {statistics.median(ratios):.4f} "
+          f"(min {min(ratios):.4f}, max {max(ratios):.4f}); goal <= 1.02")
+
+
+if __name__ == "__main__":
+    main()
