@@ -9,9 +9,10 @@ so process start-up and CUDA initialisation are not counted) and its median
 CUDA-event step time. Printed: the median of the per-round ratios
 instrumented/plain, with their spread, and how much of the loop the device sat
 idle (from the loop's own events: a host-bound loop pays the host's extra time
-in full). Goal: <= 1.02 with ~4 ms steps (``--batch 128`` on an H100).
+in full). Goal: <= 1.02 with ~4 ms steps (the defaults, ``--layers 4 --batch 128``,
+on an H100).
 
-    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --batch 128
+    .venv/bin/python bench/bench_cuda_loop.py --rounds 3 --steps 500
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="runs per mode (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=400, help="steps per run (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=128, help="batch size; sets the step time (default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=4, help="Linear layers; sets the step time (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default: %(default)s)")
     args = parser.parse_args()
-    loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--workers", str(args.workers)]
+    loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--layers", str(args.layers),
+                 "--workers", str(args.workers)]
 
     walls: dict[bool, list[float]] = {False: [], True: []}
     steps: dict[bool, list[float]] = {False: [], True: []}

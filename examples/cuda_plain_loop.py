@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--stall-step", type=int, default=None, help="sleep the GPU at this step's forward")
     parser.add_argument("--stall-s", type=float, default=4.0)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--epoch-batches", type=int, default=8,
+                        help="batches per epoch (with workers, each epoch's first batch starts the pipeline anew)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this example needs CUDA")
@@ -46,7 +48,8 @@ def main() -> None:
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = torch.utils.data.TensorDataset(torch.randn(args.batch * 8, args.width), torch.randn(args.batch * 8, args.width))
+    samples = args.batch * args.epoch_batches
+    data = torch.utils.data.TensorDataset(torch.randn(samples, args.width), torch.randn(samples, args.width))
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, pin_memory=True, drop_last=True,
                                          num_workers=args.workers, persistent_workers=args.workers > 0)
 
