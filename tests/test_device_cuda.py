@@ -119,6 +119,14 @@ def _run_loop(tmp_path: Path, *loop_args: str, stuck: bool) -> tuple[dict, list[
 
 @pytest.mark.parametrize("workers", ["0", "4"], ids=["loader-in-the-loop", "loader-workers"])
 def test_healthy_plain_loop_under_otel_training_run(tmp_path: Path, workers: str) -> None:
+    """The report's goodput, badput and step time are the device's own, whatever bounds the loop.
+
+    The truth is the loop's own CUDA events: busy from each iteration's top to its optimizer
+    step's end, idle from there to the next top. On the H100 this was measured on, the example
+    loop as written (the DataLoader collating and pinning 32 MB a step in the training thread)
+    kept the GPU only ~63% busy, and with 4 loader workers ~91% (docs/auto-instrumentation.md):
+    a report that said ~100% would be wrong.
+    """
     # With workers, each epoch's first batch restarts the loader's pipeline and the GPU waits for
     # it: 50 batches an epoch rather than the example's 8 keep that to a few per cent.
     summary, spans, trace = _run_loop(tmp_path, "--steps", "400", "--item-every", "10", "--workers", workers,
@@ -129,22 +137,18 @@ def test_healthy_plain_loop_under_otel_training_run(tmp_path: Path, workers: str
     figures = {"report": seconds, "training goodput": report.goodput.training_goodput,
                "report step median": report.job_steps and report.job_steps.median, "loop's own CUDA events": summary}
     print(json.dumps(figures))  # the figures for docs/ (pytest -rP shows them)
-    # The report's account is the device's own (the loop's events: busy from each iteration's top to
-    # its optimizer step's end, idle from there to the next top), whatever bounds the loop.
     busy = seconds.get(PRODUCTIVE, 0.0) + seconds.get(sc.BADPUT_COMPILATION, 0.0)
     assert busy == pytest.approx(summary["device_busy_s"], abs=0.03 * window), figures
     starved = seconds.get(sc.BADPUT_DATA_LOADING, 0.0) + seconds.get(sc.BADPUT_HOST_OUTSIDE_STEPS, 0.0)
     assert starved == pytest.approx(summary["device_idle_s"], abs=0.03 * window + 0.05), figures
+    goodput = report.goodput.training_goodput
+    assert goodput == pytest.approx(summary["device_busy_s"] / window, abs=0.03), figures
     assert report.job_steps is not None
     assert report.job_steps.median == pytest.approx(summary["busy_step_median_s"], rel=0.05), figures
     assert not report.alerts
     assert any(span["name"] == sc.SPAN_DEVICE_STEP for span in spans)
     if workers != "0":
-        # Batches made by workers keep the GPU busy (the loop's events say how busy): the loop's
-        # own goodput (start-up, CUDA init and the first step's compilation are badput of their own).
-        goodput = report.goodput.training_goodput
-        assert goodput is not None and goodput >= 0.90, figures
-        assert seconds.get(sc.BADPUT_DATA_LOADING, 0.0) <= 0.05 * window, figures
+        # The typical step keeps the GPU busy here: the step time is the CUDA-event step time.
         assert report.job_steps.median == pytest.approx(summary["true_step_median_s"], rel=0.05), figures
 
 
