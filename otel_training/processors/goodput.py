@@ -77,6 +77,8 @@ from otel_training.analysis.goodput import with_compilation
 from otel_training.analysis.stragglers import LiveIndividual
 
 _STEP_NAMES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
+#: A measurement's context with no span in it: no exemplar (a trace-based filter samples none).
+_NO_SPAN = Context()
 
 _RUN = RunKey("", 0, 0, "")
 #: Spans the processor queues: those whose time gets a label, alerts (stuck/recovered), and the
@@ -236,41 +238,53 @@ class GoodputSpanProcessor(SpanProcessor):
             # Time after the earliest start of a classified span still open may still change.
             starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
             until = min([now, *starts, *awaiting.values()])  # type: ignore[type-var]
-            latest_step: tuple[float, Context] | None = None
             ended.sort(key=_end_time)  # the accountant takes spans in the order they ended
+            steps: list[ReadableSpan] = []
             for span in ended:
                 self._accountant.add(_record(span))
                 if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
-                    latest_step = self._record_step(span)
-            if latest_step is not None and self._configured_ideal is None:
-                self.ideal_step_time_s = derive_ideal(self._durations)
-            if latest_step is not None and self.ideal_step_time_s is not None:
-                # A gauge keeps the last value: setting it for the latest step alone exports the same.
-                duration, context = latest_step
-                self._deviation.set(duration - self.ideal_step_time_s, context=context)
+                    steps.append(span)
+            if steps:
+                self._record_steps(steps)
             self._accountant.fold(until)
             return with_compilation(dict(self._accountant.timeline.totals), self._accountant.first_step,
                                     self.ideal_step_time_s)
 
-    def _record_step(self, span: ReadableSpan) -> tuple[float, Context]:
-        """Record one step's histograms and update the ideal; (duration, exemplar context)."""
-        duration = (span.end_time - span.start_time) / 1e9  # type: ignore[operator]
-        # Exemplars (trace-based filter) point at the step span itself.
-        context = set_span_in_context(NonRecordingSpan(span.context))
-        self._step_duration.record(duration, context=context)
-        attributes = span.attributes or {}
-        if duration > 0:
-            tokens = attributes.get(sc.TOKENS)
-            samples = attributes.get(sc.SAMPLES, attributes.get(sc.BATCH_SIZE))
-            if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
-                self._tokens_rate.record(tokens / duration, context=context)
-            if isinstance(samples, (int, float)) and not isinstance(samples, bool):
-                self._samples_rate.record(samples / duration, context=context)
-        self._durations.append(duration)
-        score = self._individual.add(duration)
+    def _record_steps(self, steps: list[ReadableSpan]) -> None:
+        """Record the steps' histograms, the ideal and the gauges, in the order the steps ended.
+
+        Each histogram measurement costs the metrics SDK several µs, and more with an exemplar
+        (a trace-based filter offers every measurement made in a sampled span's context). So the
+        step spans that exemplars point at are the ones a user follows from a dashboard: the
+        slowest step of the batch and the latest. The gauges keep their last value, so they are
+        set once, for the latest step, which exports the same as setting them for every step.
+        """
+        durations = [(span.end_time - span.start_time) / 1e9 for span in steps]  # type: ignore[operator]
+        slowest = max(range(len(steps)), key=durations.__getitem__)
+        score = None
+        for index, (span, duration) in enumerate(zip(steps, durations)):
+            exemplar = index == slowest or index == len(steps) - 1
+            context = set_span_in_context(NonRecordingSpan(span.context)) if exemplar else _NO_SPAN
+            self._step_duration.record(duration, context=context)
+            attributes = span.attributes or {}
+            if duration > 0:
+                tokens = attributes.get(sc.TOKENS)
+                samples = attributes.get(sc.SAMPLES, attributes.get(sc.BATCH_SIZE))
+                if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+                    self._tokens_rate.record(tokens / duration, context=context)
+                if isinstance(samples, (int, float)) and not isinstance(samples, bool):
+                    self._samples_rate.record(samples / duration, context=context)
+            self._durations.append(duration)
+            scored = self._individual.add(duration)
+            if scored is not None:
+                score = scored
+        latest = set_span_in_context(NonRecordingSpan(steps[-1].context))
         if score is not None:
-            self._straggler.set(score, context=context)
-        return duration, context
+            self._straggler.set(score, context=latest)
+        if self._configured_ideal is None:
+            self.ideal_step_time_s = derive_ideal(self._durations)
+        if self.ideal_step_time_s is not None:
+            self._deviation.set(durations[-1] - self.ideal_step_time_s, context=latest)
 
     @contained()
     def _settle_contained(self) -> None:
