@@ -1,5 +1,5 @@
 """The device timeline wherever steps come from: torch loops with gradient accumulation, several
-optimizers and AMP skips, and the Lightning and Hugging Face callbacks, on real frameworks (CPU) with
+optimizers, AMP skips, DDP and torch.compile, and the Lightning and Hugging Face callbacks, on real frameworks (CPU) with
 the fake asynchronous device standing in for CUDA (tests/fake_device.py).
 
 What each test checks: every host step has exactly one device step as its child, and the device step
@@ -195,3 +195,52 @@ def test_transformers_steps_run_on_the_device_timeline(configure, fake, tmp_path
     pairs = steps_and_device_steps(spans_of(telemetry, fake))
     assert len(pairs) == 4
     assert all(device_s(device_step) >= KERNEL_S for _, device_step in pairs)
+
+
+def test_ddp_steps_run_on_the_device_timeline(instrumented, fake, tmp_path: Path) -> None:
+    # DDP (gloo, one rank): its reducer runs inside backward; the device step still ends after the
+    # optimizer step and covers the iteration's device work (on CUDA, DDP joins its comm stream to
+    # the current stream before backward returns, so the end marker follows the all-reduce too).
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        optimizer = launching_optimizer(fake, model.parameters())
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
+                                           batch_size=2)
+        for x, y in data:
+            fake.launch(KERNEL_S)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    pairs = steps_and_device_steps(spans_of(instrumented, fake))
+    assert len(pairs) == 4
+    for _, device_step in pairs:
+        assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
+
+
+@pytest.mark.parametrize("driven_by", ["dataloader", "forward"])
+def test_compiled_model_steps_run_on_the_device_timeline(instrumented, fake, driven_by: str) -> None:
+    # torch.compile (the eager backend: dynamo's tracing, without a C++ toolchain): the step hooks
+    # run outside the compiled frames (the forward pre-hook is on the compiled module's own call, and
+    # disarmed once a step is open), so compiling neither breaks nor changes the device steps.
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
+                          backend="eager")
+    optimizer = launching_optimizer(fake, model.parameters())
+    batches = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(4)]
+    if driven_by == "dataloader":
+        batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
+                                              batch_size=2)
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(model(x), y)  # (a forward-driven step begins here)
+        fake.launch(KERNEL_S)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    pairs = steps_and_device_steps(spans_of(instrumented, fake))
+    assert len(pairs) == 4
+    for _, device_step in pairs:
+        assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
