@@ -568,19 +568,11 @@ def test_with_hook_error_an_uncaught_exception_is_logged_then_the_previous_hook_
     assert sys.excepthook.__name__ == "<lambda>"
 
 
-CHILD = """
-import sys, time
-from otel_training.compat import dlrover
-dlrover.TrainerProcess("AtorchTrainerV2").step(global_step=1).begin()
-print("ready", flush=True)
-time.sleep(60)
-"""
-
-
 def test_with_hook_error_a_termination_signal_is_in_the_log_before_the_process_dies_of_it(tmp_path: Path) -> None:
     env = {**os.environ, "DLROVER_EVENT_HOOK_ERROR": "1", "DLROVER_EVENT_FILE_DIR": str(tmp_path), "RANK": "0",
            "OTEL_TRAINING_EXPORTER": "none", "PYTHONPATH": str(Path(dlrover.__file__).parents[3])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=tmp_path, stdout=subprocess.PIPE)
+    script = Path(__file__).resolve().parent / "scripts" / "dlrover_step_then_wait.py"
+    child = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline() == b"ready\n"
         child.send_signal(signal.SIGTERM)

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -25,22 +24,8 @@ from waiting import wait_until
 
 STATUS_ERROR = 2
 
-TRAINING_SCRIPT = textwrap.dedent(
-    """
-    import sys, time
-    import otel_training
-    otel_training.configure(exporter="file", output_dir=sys.argv[1])
-    trainer = otel_training.TrainerProcess()
-    with trainer.train():
-        for step in range(1000):
-            with trainer.step(global_step=step):
-                if step == 3:
-                    if sys.argv[2] == "raise":
-                        raise RuntimeError("loss is NaN")
-                    print("in-step-3", flush=True)
-                    time.sleep(60)
-    """
-)
+#: The test programs, run as files.
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def _default_signals() -> None:
@@ -51,11 +36,9 @@ def _default_signals() -> None:
 
 
 def _run_script(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
-    script = tmp_path / "train.py"
-    script.write_text(TRAINING_SCRIPT)
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     return subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "traces"), mode],
+        [sys.executable, str(SCRIPTS / "train_until_step3.py"), str(tmp_path / "traces"), mode],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_signals,
     )
 
@@ -81,7 +64,7 @@ def test_signal_mid_step_ends_the_step_with_error_and_keeps_the_exit_status(tmp_
     assert step3["status"]["code"] == STATUS_ERROR
     (event,) = [e for e in step3["events"] if e["name"] == sc.EVENT_SIGNAL]
     assert event["attributes"][sc.SIGNAL_NAME] == signal.Signals(signum).name
-    assert "train.py\", line 1" in event["attributes"][sc.EXCEPTION_STACKTRACE]  # where the main thread was
+    assert "train_until_step3.py\", line " in event["attributes"][sc.EXCEPTION_STACKTRACE]  # where the main thread was
     train = next(s for s in spans if s["name"] == "training.train")
     assert train["status"]["code"] == STATUS_ERROR
     assert sorted(s["attributes"][sc.STEP] for s in spans if s["name"] == "training.step") == [0, 1, 2, 3]
@@ -146,21 +129,10 @@ def test_flush_against_a_collector_that_never_answers_is_bounded(configure, monk
 
 
 def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> None:
-    script = textwrap.dedent(
-        """
-        import otel_training
-        otel_training.configure(exit_timeout_s=1)
-        trainer = otel_training.TrainerProcess()
-        for step in range(100):
-            with trainer.step(global_step=step):
-                pass
-        print("done", flush=True)
-        """
-    )
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env)
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "steps_then_exit.py")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
     assert process.stdout.readline().strip() == "done"
     started = time.monotonic()
     _, stderr = process.communicate(timeout=30)
@@ -170,10 +142,11 @@ def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> N
     assert "100 span(s) were not delivered" in stderr
 
 
-def _start_in_own_group(script: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _start_in_own_group(script: str, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``tests/scripts/<script>`` with ``args``, in a session of its own (killed whole at the end)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
@@ -200,14 +173,8 @@ def test_an_uncaught_exception_exits_within_one_exit_budget() -> None:
     """
     with _blackhole() as blackhole:
         process = _start_in_own_group(
-            """
-            import otel_training
-            otel_training.configure(exit_timeout_s=2)
-            with otel_training.TrainerProcess().step(global_step=1):
-                print("raising", flush=True)
-                raise RuntimeError("loss is NaN")
-            """,
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+            "step_then.py", "raise", "--ready", "raising", "--exit-timeout", "2",
+            env_extra={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
         try:
             assert process.stdout.readline().strip() == "raising"
@@ -229,19 +196,8 @@ def test_sigterm_kills_a_rank_blocked_in_c_promptly(tmp_path: Path, open_files: 
     glibc's system() waits with waitpid() and retries it on EINTR, so the main
     thread never returns to Python to run a Python-level handler.
     """
-    process = _start_in_own_group(
-        f"""
-        import ctypes, os, resource, otel_training
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if {open_files} and soft < {open_files} + 100:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
-        files = [os.dup(0) for _ in range({open_files})]
-        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
-        with otel_training.TrainerProcess().step(global_step=9):
-            print("blocked", flush=True)
-            ctypes.CDLL(None).system(b"sleep 20")
-        """
-    )
+    process = _start_in_own_group("step_then.py", "system-sleep:20", "--ready", "blocked", "--step", "9",
+                                  "--output-dir", str(tmp_path), "--open-files", str(open_files))
     try:
         assert process.stdout.readline().strip() == "blocked"
         started = time.monotonic()
@@ -267,15 +223,8 @@ def test_a_second_signal_during_the_exit_flush_neither_restarts_nor_prolongs_it(
     """
     with _blackhole() as blackhole:
         process = _start_in_own_group(
-            """
-            import otel_training
-            otel_training.configure(exit_timeout_s=3)
-            with otel_training.TrainerProcess().step(global_step=1):
-                print("ready", flush=True)
-                while True:
-                    pass
-            """,
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+            "step_then.py", "busy", "--exit-timeout", "3",
+            env_extra={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
         elapsed = _sigterms_until_dead(process, "ready", 2)  # the second lands inside the first one's flush
     assert 3 - 0.5 < elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 3 s)"
@@ -320,19 +269,8 @@ def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_file
     never died (issue 13 item 11). Now it dies of SIGTERM within ``exit_timeout_s``, also in a
     process whose signal pipes are past fd 1024 (out of ``select()``'s reach).
     """
-    process = _start_in_own_group(
-        f"""
-        import os, resource, otel_training
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if {open_files} and soft < {open_files} + 100:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, {open_files} + 100), hard))
-        files = [os.dup(0) for _ in range({open_files})]
-        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r}, exit_timeout_s=1)
-        with otel_training.TrainerProcess().step(global_step=1):
-            print("ready", flush=True)
-            sum(range(10**15))  # hours, all of it holding the GIL
-        """
-    )
+    process = _start_in_own_group("step_then.py", "hold-gil", "--exit-timeout", "1", "--output-dir", str(tmp_path),
+                                  "--open-files", str(open_files))
     try:
         assert process.stdout.readline().strip() == "ready"
         _wait_busy(process, 0.3)
@@ -356,18 +294,8 @@ def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -
     """
     with _blackhole() as blackhole:
         process = _start_in_own_group(
-            """
-            import time, otel_training
-            otel_training.configure(exit_timeout_s=3)
-            started = time.process_time()
-            sum(range(10**7))
-            n = int(10**7 * 1.5 / (time.process_time() - started))  # ~1.5 s holding the GIL
-            with otel_training.TrainerProcess().step(global_step=1):
-                print("ready", flush=True)
-                sum(range(n))
-                time.sleep(60)
-            """,
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+            "step_then.py", "hold-gil-then-sleep", "--exit-timeout", "3",
+            env_extra={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
         try:
             assert process.stdout.readline().strip() == "ready"
@@ -388,14 +316,8 @@ def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_shor
     """
     with _blackhole() as blackhole:
         process = _start_in_own_group(
-            """
-            import ctypes, otel_training
-            otel_training.configure(exit_timeout_s=2)
-            with otel_training.TrainerProcess().step(global_step=1):
-                print("blocked", flush=True)
-                ctypes.CDLL(None).system(b"sleep 30")
-            """,
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
+            "step_then.py", "system-sleep:30", "--ready", "blocked", "--exit-timeout", "2",
+            env_extra={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
         elapsed = _sigterms_until_dead(process, "blocked", 3)  # spread over the flush
     assert 2 - 0.5 < elapsed < 2 + 0.7, f"dead {elapsed:.2f} s after the first SIGTERM (budget 2 s)"
@@ -412,15 +334,7 @@ def _gone_or_zombie(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the helper is Linux-only")
 def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_signals() -> None:
     """If the helper dies, the watcher reads the wakeup fd itself: a rank blocked in C still dies of SIGTERM."""
-    process = _start_in_own_group(
-        """
-        import ctypes, otel_training
-        from otel_training.lifecycle import hooks
-        otel_training.configure(exporter="none")
-        print(hooks._watcher.helper.pid, flush=True)
-        ctypes.CDLL(None).system(b"sleep 30")
-        """
-    )
+    process = _start_in_own_group("signal_helper_pid.py", "--block")
     try:
         helper = int(process.stdout.readline())
         os.kill(helper, signal.SIGKILL)
@@ -432,14 +346,7 @@ def test_the_signal_helper_ends_with_its_process_and_is_not_needed_to_handle_sig
     finally:
         _stop_group(process)
 
-    process = _start_in_own_group(
-        """
-        import otel_training
-        from otel_training.lifecycle import hooks
-        otel_training.configure(exporter="none")
-        print(hooks._watcher.helper.pid, flush=True)
-        """
-    )
+    process = _start_in_own_group("signal_helper_pid.py")
     try:
         helper = int(process.stdout.readline())
         assert process.wait(timeout=15) == 0
@@ -453,16 +360,7 @@ def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path
     keeps the signal, as without the library: the watcher thread used to kill the process anyway
     while its main thread waited in C.
     """
-    process = _start_in_own_group(
-        f"""
-        import ctypes, signal, otel_training
-        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
-        signal.signal(signal.SIGTERM, lambda signum, frame: print("checkpointing", flush=True))
-        print("blocked", flush=True)
-        ctypes.CDLL(None).system(b"sleep 1")
-        print("carried on", flush=True)
-        """
-    )
+    process = _start_in_own_group("own_sigterm_handler.py", str(tmp_path))
     try:
         assert process.stdout.readline().strip() == "blocked"
         process.send_signal(signal.SIGTERM)
@@ -475,18 +373,8 @@ def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path
 
 def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:
     """Pool workers terminated with SIGTERM must not end their copies of the parent's step."""
-    script = f"""
-        import multiprocessing, otel_training
-        otel_training.configure(exporter="file", output_dir={str(tmp_path)!r})
-        trainer = otel_training.TrainerProcess()
-        with trainer.train():
-            with trainer.step(global_step=1):
-                with multiprocessing.get_context("fork").Pool(2) as pool:
-                    assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
-                # leaving the with block terminate()s the workers: SIGTERM
-        """
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                            timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    result = subprocess.run([sys.executable, str(SCRIPTS / "fork_pool_in_step.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
     assert result.returncode == 0, result.stderr
     spans = read_spans(tmp_path / "traces-r0.jsonl")
     ids = [span["span_id"] for span in spans]

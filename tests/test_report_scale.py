@@ -8,7 +8,6 @@ rarely or as often as it can) and the in-memory path must give them exactly.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,28 +275,15 @@ def test_configure_exports_the_alert_to_the_file_at_once(configure: Callable[...
 
 
 def run_script(script: str, tmp_path: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``tests/scripts/<script>``, in ``tmp_path``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, str(REPO / "tests" / "scripts" / script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
-    result = run_script(
-        """
-        import time, otel_training
-        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.3,
-                                stuck_action="exit", stuck_exit_code=42)
-        trainer = otel_training.TrainerProcess()
-        with trainer.epoch(epoch=0):
-            with trainer.step(global_step=1):
-                pass
-            with trainer.step(global_step=2):
-                time.sleep(60)
-        print("not reached")
-        """,
-        tmp_path,
-    )
+    result = run_script("stuck_exit_action.py", tmp_path)
     assert result.returncode == 42, result.stderr
     assert "not reached" not in result.stdout
     spans = read_spans(tmp_path / "traces" / "traces-r0.jsonl")
@@ -312,62 +298,13 @@ def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
 
 
 def test_signal_action_signals_the_process(tmp_path: Path) -> None:
-    result = run_script(
-        """
-        import signal, time, otel_training
-        got = []
-        signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
-        otel_training.configure(exporter="none", stuck_threshold_s=0.2, stuck_action="signal",
-                                stuck_signal="SIGUSR1", signal_hooks=False)
-        trainer = otel_training.TrainerProcess()
-        with trainer.step(global_step=1):
-            pass
-        with trainer.step(global_step=2):
-            deadline = time.monotonic() + 10
-            while not got and time.monotonic() < deadline:
-                time.sleep(0.01)
-        print("signalled", got)
-        """,
-        tmp_path,
-    )
+    result = run_script("stuck_signal_action.py", tmp_path)
     assert result.returncode == 0, result.stderr
     assert "signalled [10]" in result.stdout
 
 
 def test_fork_child_neither_inherits_the_watcher_nor_duplicates_alerts(tmp_path: Path) -> None:
-    result = run_script(
-        """
-        import os, time
-        from opentelemetry.sdk.trace import TracerProvider
-        from otel_training import StuckSpanProcessor
-        events = []
-        processor = StuckSpanProcessor(0.3, first_threshold_s=0.3, escalation_s=60,
-                                       on_stuck=lambda e: events.append(e))
-        provider = TracerProvider()
-        provider.add_span_processor(processor)
-        tracer = provider.get_tracer("t")
-        step = tracer.start_span("training.step")          # open and soon stuck in the parent
-        pid = os.fork()
-        if pid == 0:                                        # a DataLoader worker
-            assert processor.open_count == 0 and processor._thread is None
-            time.sleep(0.6)                                 # past the parent's threshold
-            duplicates = len(events)
-            child_step = tracer.start_span("training.step")  # the child watches its own spans
-            deadline = time.monotonic() + 5
-            while not events and time.monotonic() < deadline:
-                time.sleep(0.01)
-            child_step.end()
-            os._exit(0 if duplicates == 0 and len(events) == 1 and events[0].span_context.span_id
-                     == child_step.get_span_context().span_id else 3)
-        _, status = os.waitpid(pid, 0)
-        deadline = time.monotonic() + 5
-        while not events and time.monotonic() < deadline:
-            time.sleep(0.01)
-        step.end()
-        print("child", os.waitstatus_to_exitcode(status), "parent", len(events))
-        """,
-        tmp_path,
-    )
+    result = run_script("stuck_fork_child.py", tmp_path)
     assert result.returncode == 0, result.stderr
     assert "child 0 parent 1" in result.stdout, result.stdout + result.stderr
 

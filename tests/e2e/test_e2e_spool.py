@@ -19,18 +19,6 @@ from training_helpers import REPO, jaeger_spans, new_job_id
 
 pytestmark = pytest.mark.e2e
 
-_JOB = """
-import otel_training
-telemetry = otel_training.configure(signal_hooks=False, exception_hooks=False)
-trainer = otel_training.TrainerProcess()
-with trainer.epoch(epoch=0):
-    for step in range(STEPS):
-        with trainer.step(global_step=step, batch_size=8):
-            pass
-result = telemetry.shutdown(timeout_s=30)
-print("RESULT", result.exported, result.dropped, result.spooled)
-"""
-
 STEPS = 40
 
 
@@ -51,8 +39,8 @@ def test_a_spool_written_while_no_collector_answered_is_sent_later_and_lands_in_
         "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
-    job = subprocess.run([sys.executable, "-c", _JOB.replace("STEPS", str(STEPS))], env=env, capture_output=True,
-                         text=True, timeout=120)
+    job = subprocess.run([sys.executable, str(REPO / "tests" / "scripts" / "steps_then_result.py"), str(STEPS)],
+                         env=env, capture_output=True, text=True, timeout=120)
     assert job.returncode == 0, job.stderr
     exported, dropped, spooled = map(int, job.stdout.split("RESULT", 1)[1].split())
     assert (exported, dropped) == (0, 0) and spooled >= STEPS + 1

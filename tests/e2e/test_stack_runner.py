@@ -79,32 +79,13 @@ def test_render_refuses_a_config_it_does_not_recognise(monkeypatch, tmp_path: Pa
         stack_mod.render_prometheus(_ports(), tmp_path / "r.yml", scrape_interval="1s", evaluation_interval="1s")
 
 
-STUBBORN = """
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = os.fork()
-if child == 0:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        time.sleep(1)
-open(sys.argv[1], "w").write(str(child))
-while True:
-    time.sleep(1)
-"""
-
-POLITE = """
-import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-open(sys.argv[1], "w").write("up")
-while True:
-    time.sleep(1)
-"""
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "stack_mod.Component", Path]:
     s = stack_mod.Stack(tmp_path)
     marker = tmp_path / f"{name}.started"
-    proc = stack_mod.Component("collector", [sys.executable, "-c", script, str(marker)], dict(os.environ),
+    proc = stack_mod.Component("collector", [sys.executable, str(SCRIPTS / script), str(marker)], dict(os.environ),
                                tmp_path / f"{name}.log", "http://127.0.0.1:1/")
     s.supervisor.add(proc)
     s.supervisor.spawn(proc.name)
@@ -114,7 +95,7 @@ def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "
 
 @pytest.mark.realtime
 def test_stop_sigkills_a_process_group_that_ignores_sigterm(tmp_path: Path):
-    s, proc, marker = _start(tmp_path, "stubborn", STUBBORN)
+    s, proc, marker = _start(tmp_path, "stubborn", "service_stubborn.py")
     child = int(stack_mod.wait_until(lambda: marker.read_text().strip(), timeout=10, what="child pid"))
     t0 = time.monotonic()
     s.stop(timeout=1.0)
@@ -128,7 +109,7 @@ def test_stop_sigkills_a_process_group_that_ignores_sigterm(tmp_path: Path):
 
 @pytest.mark.realtime
 def test_stop_uses_sigterm_first(tmp_path: Path):
-    s, proc, _ = _start(tmp_path, "polite", POLITE)
+    s, proc, _ = _start(tmp_path, "polite", "service_polite.py")
     t0 = time.monotonic()
     s.stop(timeout=10.0)
     assert proc.popen.returncode == 0  # exited on SIGTERM, never killed
@@ -136,7 +117,7 @@ def test_stop_uses_sigterm_first(tmp_path: Path):
 
 
 def test_from_state_never_signals_a_reused_pid(tmp_path: Path):
-    s, proc, _ = _start(tmp_path, "polite", POLITE)
+    s, proc, _ = _start(tmp_path, "polite", "service_polite.py")
     try:
         s.ports = _ports()
         s.save_state()

@@ -15,32 +15,15 @@ import pytest
 from otelstack import Component, StackError, Supervisor, free_ports, http_get, wait_until
 from otelstack.supervisor import _pid_alive
 
-#: Serves its config file's text on every path; refuses to start if the supervisor did not
-#: write that file or create its data directory first. Exits 0 on SIGTERM.
-SERVER = """
-import http.server, pathlib, signal, sys
-port, config, data = int(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-if not data.is_dir():
-    sys.exit(f"data dir {data} missing")
-body = config.read_bytes()
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-print("serving", port, flush=True)
-http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
-"""
-
+#: The test programs (config_server.py: serves its config file, refuses to start without its data dir).
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 STARTUP_S = 60.0  # generous: a loaded 2-core machine
 
 
 def _server(tmp_path: Path, name: str, port: int) -> Component:
     config, data = tmp_path / "config" / f"{name}.txt", tmp_path / "data" / name
-    return Component(name, [sys.executable, "-c", SERVER, str(port), str(config), str(data)], dict(os.environ),
+    return Component(name, [sys.executable, str(SCRIPTS / "config_server.py"), str(port), str(config), str(data)],
+                     dict(os.environ),
                      tmp_path / "logs" / f"{name}.log", f"http://127.0.0.1:{port}/",
                      configs={config: f"I am {name}"}, data_dirs=(data,))
 
