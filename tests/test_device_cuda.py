@@ -28,6 +28,7 @@ if not torch.cuda.is_available():
                 allow_module_level=True)
 
 from otlp_json import read_spans  # noqa: E402
+from waiting import first_value  # noqa: E402
 
 from otel_training import semconv as sc  # noqa: E402
 from otel_training.analysis import PRODUCTIVE  # noqa: E402
@@ -42,14 +43,8 @@ from cuda_plain_loop import cycles_per_second as _cycles_per_second  # noqa: E40
 THRESHOLD_S = 1.0
 
 
-def _resolve(device: CudaDevice, marker, timeout_s: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done = device.completed_ns(marker)
-        if done is not None:
-            return done
-        time.sleep(0.001)
-    raise AssertionError("a CUDA event did not complete in time")
+def _resolve(device: CudaDevice, marker) -> int:
+    return first_value(lambda: device.completed_ns(marker), timeout_s=10.0, interval_s=0.001)
 
 
 @pytest.mark.parametrize("events", ["torch", "torch.cuda"])

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.005) -> bool:
@@ -18,3 +21,15 @@ def wait_until(condition: Callable[[], object], timeout_s: float = 30.0, interva
             return bool(condition())
         time.sleep(interval_s)
     return True
+
+
+def first_value(produce: Callable[[], T | None], timeout_s: float = 30.0, interval_s: float = 0.005) -> T:
+    """``produce()``'s first result that is not None, polled with a deadline; AssertionError past it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = produce()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no value within {timeout_s} s")
+        time.sleep(interval_s)
