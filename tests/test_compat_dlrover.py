@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from otlp_json import read_spans
+from waiting import wait_until
 
 from otel_training import semconv as sc
 from otel_training.compat import dlrover
@@ -60,12 +61,11 @@ class Log:
 
     def wait_for(self, count: int, timeout_s: float) -> list[str]:
         """Lines as they are on disk (no flush asked), once there are ``count`` of them."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
-            if len(lines) >= count or time.monotonic() > deadline:
-                return lines
-            time.sleep(0.005)
+        def on_disk() -> list[str]:
+            return self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+
+        wait_until(lambda: len(on_disk()) >= count, timeout_s)
+        return on_disk()
 
 
 @pytest.fixture(autouse=True)

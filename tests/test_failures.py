@@ -253,11 +253,10 @@ def _cpu_seconds(pid: int) -> float:
 
 def _wait_busy(process: subprocess.Popen[str], cpu_s: float, timeout_s: float = 30) -> None:
     """Wait until ``process`` has burnt ``cpu_s`` more CPU seconds: it is in its busy C call."""
-    deadline = time.monotonic() + timeout_s
     start = _cpu_seconds(process.pid)
-    while _cpu_seconds(process.pid) - start < cpu_s:
-        assert process.poll() is None and time.monotonic() < deadline, "the child never got busy"
-        time.sleep(0.02)
+    busy = wait_until(lambda: process.poll() is not None or _cpu_seconds(process.pid) - start >= cpu_s,
+                      timeout_s, interval_s=0.02)
+    assert busy and process.poll() is None, "the child never got busy"
 
 
 @pytest.mark.realtime

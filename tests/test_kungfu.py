@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from otlp_json import read_spans
+from waiting import wait_until
 
 from otel_training import semconv as sc
 from otel_training.compat import kungfu
@@ -51,10 +51,8 @@ def test_a_batch_without_end_is_reported_stuck(configure: Callable[..., object])
     kungfu.monitor_batch_begin()
     kungfu.monitor_batch_end()
     kungfu.monitor_batch_begin()  # KungFu would declare this rank stuck after 10 s, polling once a second
-    deadline = time.monotonic() + 5
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert events and events[0].attributes[sc.STEP] == 1 and events[0].attributes[sc.EPOCH] == 0
+    assert wait_until(lambda: events, timeout_s=5)
+    assert events[0].attributes[sc.STEP] == 1 and events[0].attributes[sc.EPOCH] == 0
     kungfu.monitor_train_end()
 
 

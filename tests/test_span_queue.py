@@ -8,12 +8,12 @@ are exact and nothing depends on how fast this machine is.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from waiting import wait_until
 
 from otel_training.exporters.guarded import STALLED_S, GuardedSpanExporter
 from otel_training.processors.batch import CountingBatchSpanProcessor
@@ -77,9 +77,7 @@ def test_a_full_queue_waits_for_a_progressing_exporter_and_loses_nothing() -> No
     def release_after_a_while(clock: _Clock) -> None:
         if clock.slept == 5:
             exporter.gate.set()  # the export finishes while the thread waits; the worker takes a batch
-            deadline = time.monotonic() + 30
-            while processor.queued() >= 4 and time.monotonic() < deadline:
-                time.sleep(0.001)
+            wait_until(lambda: processor.queued() < 4, timeout_s=30, interval_s=0.001)
     processor, provider = _pipeline(guard, clock, release_after_a_while, exporter_progressing=guard.progressing)
     _fill(provider, exporter, processor)
 

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from clocks import FakeClock
 from otlp_json import read_spans
+from waiting import wait_until
 
 from otel_training import StuckEvent, StuckSpanProcessor
 from otel_training import semconv as sc
@@ -35,11 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1f s" % timeout_s)
-        time.sleep(0.005)
+    assert wait_until(condition, timeout_s), "condition not met within %.1f s" % timeout_s
 
 
 class Pipeline:

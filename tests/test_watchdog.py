@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from otlp_json import read_spans
+from waiting import first_value, wait_until
 
 from otel_training import semconv as sc
 from otel_training.watchdog import monitor
@@ -44,13 +45,14 @@ def alerts(path: Path) -> list[dict]:
 
 
 def wait_for_alert(path: Path, kind: str, source: str, timeout_s: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for alert in alerts(path):
-            if alert["attributes"][sc.ALERT_KIND] == kind and alert["attributes"][sc.ALERT_SOURCE] == source:
-                return alert
-        time.sleep(0.02)
-    raise AssertionError(f"no {kind} alert from the {source} in {path}: {alerts(path)}")
+    def wanted() -> dict | None:
+        return next((alert for alert in alerts(path) if alert["attributes"][sc.ALERT_KIND] == kind
+                     and alert["attributes"][sc.ALERT_SOURCE] == source), None)
+
+    try:
+        return first_value(wanted, timeout_s, interval_s=0.02)
+    except AssertionError:
+        raise AssertionError(f"no {kind} alert from the {source} in {path}: {alerts(path)}") from None
 
 
 @pytest.mark.realtime
@@ -144,10 +146,7 @@ def test_a_clean_exit_raises_nothing_and_the_watchdog_leaves(tmp_path: Path) -> 
     out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     watchdog_pid = int(out.strip())
-    deadline = time.monotonic() + 5
-    while not gone(watchdog_pid):
-        assert time.monotonic() < deadline, "the watchdog outlived a clean exit"
-        time.sleep(0.02)
+    assert wait_until(lambda: gone(watchdog_pid), timeout_s=5, interval_s=0.02), "the watchdog outlived a clean exit"
     assert alerts(tmp_path / "traces" / "traces-r0.jsonl") == []
 
 
