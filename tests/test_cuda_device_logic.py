@@ -203,12 +203,17 @@ def test_markers_come_from_the_pool(make) -> None:
     assert device.record() is second
 
 
-def test_the_event_api_is_chosen_by_the_variable(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_event_api_is_torch_event_where_torch_has_it(cuda: FakeCuda) -> None:
     generic = (GenericEvent, GenericStream)
     assert CudaDevice(cuda, generic=generic).events == "torch"
     assert CudaDevice(cuda, generic=(None, None)).events == "torch.cuda"  # a torch without torch.Event
-    monkeypatch.setenv(cuda_module.ENV_EVENTS, "torch.cuda")
-    assert CudaDevice(cuda, generic=generic).events == "torch.cuda"
-    monkeypatch.setenv(cuda_module.ENV_EVENTS, "cupy")
-    with pytest.raises(ValueError, match="OTEL_TRAINING__CUDA_EVENTS='cupy'"):
-        CudaDevice(cuda, generic=generic)
+    assert CudaDevice(cuda, "torch.cuda", generic=generic).events == "torch.cuda"  # the device_events option
+    with pytest.raises(ValueError, match="device_events='cupy'"):
+        CudaDevice(cuda, "cupy", generic=generic)
+
+
+def test_a_bad_device_events_option_is_refused_before_training() -> None:
+    from otel_training.config.options import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match="OTEL_TRAINING_DEVICE_EVENTS.*'cupy'.*device_events"):
+        resolve({}, environ={"OTEL_TRAINING_DEVICE_EVENTS": "cupy"})

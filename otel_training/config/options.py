@@ -140,6 +140,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("goodput", _parse_bool, True, "Derive goodput/badput and step-time metrics from spans."),
     Option("device_timeline", _parse_bool, True,
            "Time steps on the accelerator's timeline (CUDA events) when torch uses CUDA; false: host timing only."),
+    Option("device_events", _choice("torch", "torch.cuda"), "torch",
+           "CUDA events that time device steps: torch.Event (recorded on the current stream from C++) or "
+           "torch.cuda.Event (builds a Python Stream for each record; a fallback)."),
     Option("evaluation_is_productive", _parse_bool, False, "Count evaluation time as goodput."),
     Option("ideal_step_time_s", _optional(_parse_seconds), None,
            "Ideal step time for step-time deviation (default: mean of the normal steps)."),

@@ -50,7 +50,8 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
         cuda = getattr(torch, "cuda", None)
         if cuda is None or not cuda.is_initialized():
             return None
-        factory = _cuda_device
+        events = str(runtime.telemetry.options.get("device_events", "torch"))
+        factory = lambda: _cuda_device(events)  # noqa: E731
     try:
         device = factory()
     except Exception:  # noqa: BLE001 - no device timing rather than no training
@@ -64,7 +65,7 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
     return timeline
 
 
-def _cuda_device() -> Device | None:
+def _cuda_device(events: str) -> Device | None:
     from otel_training.events.cuda import CudaDevice
 
-    return CudaDevice.current()
+    return CudaDevice.current(events)
