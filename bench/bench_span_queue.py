@@ -8,9 +8,13 @@ in the trace file, or the spans the real collector (the ocb build, started
 here on a free loopback port with a ``debug`` exporter) says it accepted.
 
     .venv/bin/python bench/bench_span_queue.py [--steps 50000] [--rounds 3] [--exporters file,otlp]
+    .venv/bin/python bench/bench_span_queue.py --rate 10000 --seconds 60 --rounds 1   # sustained, paced
 
 prints, per exporter and policy, the median over rounds of steps/s, process
-CPU per step (export included) and the share of spans delivered.
+CPU per step (export included) and the share of spans delivered. With
+``--rate`` the loop is paced to that many steps a second (a busy wait between
+steps, so its CPU figure means nothing) for ``--seconds``: whether the pipeline
+sustains that rate, and loses nothing while it does.
 """
 
 from __future__ import annotations
@@ -35,12 +39,16 @@ import otelstack as stack_mod  # noqa: E402  (scripts/stack/otelstack/)
 _LOOP = """
 import json, sys, time
 import otel_training
-steps = int(sys.argv[1])
+steps, rate = int(sys.argv[1]), float(sys.argv[2])
 telemetry = otel_training.configure(signal_hooks=False, exception_hooks=False)
 trainer = otel_training.TrainerProcess()
 wall, cpu = time.perf_counter(), time.process_time()
 with trainer.epoch(epoch=0):
     for step in range(steps):
+        if rate:
+            due = wall + step / rate
+            while time.perf_counter() < due:
+                pass
         with trainer.step(global_step=step, batch_size=32):
             pass
 result = telemetry.shutdown(timeout_s=60)
@@ -73,8 +81,8 @@ def _accepted(metrics_url: str) -> float:
                re.findall(r"^otelcol_receiver_accepted_spans(?:_total)?\{[^}]*\} (\S+)", text, re.M))
 
 
-def _run(steps: int, environ: dict[str, str]) -> dict[str, float]:
-    output = subprocess.run([sys.executable, "-c", _LOOP, str(steps)], env={**os.environ, **environ},
+def _run(steps: int, rate: float, environ: dict[str, str]) -> dict[str, float]:
+    output = subprocess.run([sys.executable, "-c", _LOOP, str(steps), str(rate)], env={**os.environ, **environ},
                             capture_output=True, text=True, check=True, timeout=900).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -94,7 +102,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--exporters", default="file,otlp")
+    parser.add_argument("--rate", type=float, default=0.0, help="pace the loop to this many steps a second")
+    parser.add_argument("--seconds", type=float, default=60.0, help="with --rate: how long (default: %(default)s)")
     args = parser.parse_args()
+    if args.rate:
+        args.steps = int(args.rate * args.seconds)
     exporters = args.exporters.split(",")
     work = Path(tempfile.mkdtemp(prefix="bench-span-queue-"))
     collector = None
@@ -116,12 +128,12 @@ def main() -> None:
                 environ = {"OTEL_TRAINING_SPAN_QUEUE_POLICY": policy, "OTEL_TRAINING_EXPORTER": exporter}
                 if exporter == "file":
                     out = Path(tempfile.mkdtemp(dir=work))
-                    run = _run(args.steps, {**environ, "OTEL_TRAINING_OUTPUT_DIR": str(out)})
+                    run = _run(args.steps, args.rate, {**environ, "OTEL_TRAINING_OUTPUT_DIR": str(out)})
                     delivered = _file_steps(out) / args.steps
                 else:
                     before = _accepted(metrics_url)
-                    run = _run(args.steps, {**environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc}",
-                                            "OTEL_EXPORTER_OTLP_INSECURE": "true"})
+                    run = _run(args.steps, args.rate, {**environ, "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                                                       "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc}"})
                     time.sleep(1)  # the collector's own metrics lag its receiver by a scrape
                     delivered = (_accepted(metrics_url) - before) / (run["exported"] + run["dropped"])
                 results.setdefault((exporter, policy), []).append(
@@ -130,7 +142,8 @@ def main() -> None:
         if collector is not None:
             collector.terminate()
             collector.wait(30)
-    print(f"{args.steps} steps a run, median of {args.rounds} rounds (fresh process each)")
+    paced = f", paced to {args.rate:.0f} steps/s" if args.rate else ""
+    print(f"{args.steps} steps a run{paced}, median of {args.rounds} rounds (fresh process each)")
     for (exporter, policy), rows in results.items():
         rate, cpu, delivered = (statistics.median(column) for column in zip(*rows))
         print(f"  {exporter:5s} {policy:5s}: {rate:8.0f} steps/s  {cpu:6.1f} µs CPU/step  delivered {delivered:7.2%} "
