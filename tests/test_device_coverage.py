@@ -1,5 +1,5 @@
 """The device timeline wherever steps come from: torch loops with gradient accumulation, several
-optimizers, AMP skips, DDP and torch.compile, and the Lightning and Hugging Face callbacks, on real frameworks (CPU) with
+optimizers, AMP skips, DDP, FSDP2 and torch.compile, and the Lightning and Hugging Face callbacks, on real frameworks (CPU) with
 the fake asynchronous device standing in for CUDA (tests/fake_device.py).
 
 What each test checks: every host step has exactly one device step as its child, and the device step
@@ -243,4 +243,37 @@ def test_compiled_model_steps_run_on_the_device_timeline(instrumented, fake, dri
     pairs = steps_and_device_steps(spans_of(instrumented, fake))
     assert len(pairs) == 4
     for _, device_step in pairs:
+        assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
+
+
+def test_fsdp_steps_run_on_the_device_timeline(instrumented, fake, tmp_path: Path) -> None:
+    # FSDP2 (fully_shard on a one-rank gloo mesh): its all-gathers and reduce-scatters run from its own
+    # forward and backward hooks; the step's boundaries and its device step are the same as without it.
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard = getattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard", None)
+    if fully_shard is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6)")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = launching_optimizer(fake, model.parameters())
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
+                                           batch_size=2)
+        for x, y in data:
+            fake.launch(KERNEL_S)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    pairs = steps_and_device_steps(spans_of(instrumented, fake))
+    assert len(pairs) == 4
+    for host, device_step in pairs:
+        assert host["attributes"][sc.STEP_OPTIMIZER_STEPS] == 1
         assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
