@@ -1,6 +1,7 @@
 """The device timeline wherever steps come from: torch loops with gradient accumulation, several
-optimizers, AMP skips, DDP, FSDP2 and torch.compile, and the Lightning and Hugging Face callbacks, on real frameworks (CPU) with
-the fake asynchronous device standing in for CUDA (tests/fake_device.py).
+optimizers, AMP skips, DDP, FSDP2 and torch.compile, and the Lightning, Hugging Face and Keras
+callbacks, on real frameworks (CPU) with the fake asynchronous device standing in for CUDA
+(tests/fake_device.py).
 
 What each test checks: every host step has exactly one device step as its child, and the device step
 covers all the device work the iteration launched, up to and including its last optimizer step.
@@ -20,6 +21,7 @@ from otel_training import semconv as sc
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("KERAS_BACKEND", "torch")
 torch = require("torch")
 
 from otel_training.integrations.torch import TorchInstrumentor  # noqa: E402
@@ -277,3 +279,25 @@ def test_fsdp_steps_run_on_the_device_timeline(instrumented, fake, tmp_path: Pat
     for host, device_step in pairs:
         assert host["attributes"][sc.STEP_OPTIMIZER_STEPS] == 1
         assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
+
+
+def test_keras_steps_run_on_the_device_timeline(configure, fake) -> None:
+    keras = require("keras")
+    from otel_training.integrations.keras import OpenTelemetryCallback
+
+    telemetry = configure(stuck_threshold_s=30)
+
+    class Launching(keras.layers.Layer):
+        """The step's device work, launched from the forward pass."""
+
+        def call(self, x):
+            fake.launch(KERNEL_S)
+            return x
+
+    model = keras.Sequential([keras.Input(shape=(4,)), Launching(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = torch.randn(16, 4).numpy(), torch.randn(16, 1).numpy()
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[OpenTelemetryCallback()])
+    pairs = steps_and_device_steps(spans_of(telemetry, fake))
+    assert len(pairs) == 8
+    assert all(device_s(device_step) >= KERNEL_S for _, device_step in pairs)
