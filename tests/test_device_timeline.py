@@ -32,8 +32,11 @@ from otel_training import semconv as sc
 from otel_training.analysis import account
 from otel_training.events import device as device_module
 from otel_training.events import device_probe
+from otel_training.analysis.stragglers import WINDOW
 from otel_training.report.job import build_report
 from otel_training.report.reader import read_paths
+from otel_training.report.stream import digest_file
+from otel_training.report.summary import render_summary
 from waiting import wait_until
 
 THRESHOLD_S = 0.3
@@ -196,6 +199,13 @@ def test_goodput_follows_the_device_not_the_host_waits(configure, fake, tmp_path
     # The fake's items are handed over by a Python thread, so allow more than the GPU test's 5%.
     assert report.job_steps.median == pytest.approx(true_step_s, rel=0.15)
     assert not report.alerts
+    # The summary shows both: the host's waits, and the little of them the device paid for.
+    assert report.data_wait_s == pytest.approx(host_waits_s)
+    summary = render_summary(report)
+    (line,) = [line for line in summary.splitlines() if line.startswith("data: host waits for batches ")]
+    assert "time lost to them (data_loading)" in line
+    streamed = digest_file(telemetry.trace_path, window=WINDOW)[0]
+    assert streamed.data_wait_s == pytest.approx(host_waits_s)
 
 
 def _device_bound_torch_loop(torch, fake: FakeDevice, *, steps: int, device_s: float) -> float:

@@ -247,6 +247,12 @@ class Part:
     unfinished: set[int] = dataclasses.field(default_factory=set)
     #: Each rank's last collectives and stuck/died alerts, for the hang verdict.
     hang: HangTracker = dataclasses.field(default_factory=HangTracker)
+    #: Seconds the trainers' host steps waited for their batches (``training.step.data_wait_s``).
+    data_wait_s: float = 0.0
+
+    def data_wait(self, value: object) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            self.data_wait_s += value
 
     def span(self, start_ns: int, end_ns: int) -> None:
         self.span_count += 1
@@ -267,6 +273,7 @@ class Part:
         self.intervals.update(other.intervals)
         self.unfinished |= other.unfinished
         self.hang.update(other.hang)
+        self.data_wait_s += other.data_wait_s
         for rank, part in other.ranks.items():
             if rank in self.ranks:
                 raise ValueError(f"rank {rank} is in two parts: read its spans together")
@@ -295,6 +302,8 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
             part.services.add(record.service)
         if record.is_trainer:
             lives[record.run].append(record)
+        if record.is_trainer and record.name == sc.SPAN_STEP:
+            part.data_wait(record.attributes.get(sc.STEP_DATA_WAIT_S))
         if record.is_trainer and times_step(record.name, record.attributes):
             steps[rank].add(record.start_ns, record.end_ns, record.attributes.get(sc.STEP), record.run.restart)
         elif record.name == sc.SPAN_ALERT:

@@ -223,6 +223,9 @@ def _cards(report: JobReport) -> str:
         ("ideal step time", "-" if report.ideal_step_s is None else f"{report.ideal_step_s * 1000:.1f} ms"),
         ("stragglers", ", ".join(f"rank {rank}" for rank in report.straggler_ranks) or "none"),
     ]
+    if report.data_wait_s > 0:  # most host waits overlap device work on a device timeline: both figures
+        lost = account.badput.get(sc.BADPUT_DATA_LOADING, 0.0)
+        cards.append(("host waits for batches / lost to them", f"{report.data_wait_s:,.1f} s / {lost:,.1f} s"))
     return '<div class="cards">' + "".join(
         f'<div class="card"><b>{html.escape(value)}</b><span>{html.escape(name)}</span></div>' for name, value in cards
     ) + "</div>"

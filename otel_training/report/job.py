@@ -59,6 +59,9 @@ class JobReport:
     intervals: dict[tuple[int, str], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     #: The hang verdict (culprit ranks, who waits on whom, each rank's last collectives); empty if none hung.
     hang: list[str] = dataclasses.field(default_factory=list)
+    #: Seconds the host steps waited for their batches. Beside ``data_loading`` (the time the accelerator,
+    #: or on the host timeline the step, sat idle for input) it says how much of the waiting cost nothing.
+    data_wait_s: float = 0.0
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -136,6 +139,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
         window_edges={rank.rank: rank.edges for rank in with_steps},
         intervals=dict(part.intervals.spans),
         hang=part.hang.lines(),
+        data_wait_s=part.data_wait_s,
     )
 
 

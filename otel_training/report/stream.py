@@ -216,7 +216,8 @@ def _step_number(value: object) -> int | None:
     return None
 
 
-_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.CHECKPOINT_STEP, sc.COLLECTIVE_GROUP, sc.COLLECTIVE_OP,
+_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.STEP_DATA_WAIT_S, sc.CHECKPOINT_STEP,
+                              sc.COLLECTIVE_GROUP, sc.COLLECTIVE_OP,
                               sc.COLLECTIVE_SEQ, sc.COLLECTIVE_COMPLETED_SEQ, sc.COLLECTIVE_STEP,
                               sc.COLLECTIVE_WAIT_S})
 
@@ -316,6 +317,8 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     continue
                 if error:
                     run.failed_itself = True
+                if name == step and values:
+                    part.data_wait(values.get(sc.STEP_DATA_WAIT_S))
                 if values is not None and (name == device_step or (name == step and not values.get(device_timed))):
                     steps[rank].add(start, end, values.get(sc.STEP), restart)
                     run.durations.append(max(0, end - start) / 1e9)

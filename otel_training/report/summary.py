@@ -9,6 +9,7 @@ sequences.
 from __future__ import annotations
 
 from otel_training._text import escape_controls as _safe
+from otel_training import semconv as sc
 from otel_training.analysis import PRODUCTIVE
 from otel_training.report.job import JobReport
 
@@ -46,6 +47,10 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
         for bucket, seconds in sorted(account.badput.items(), key=lambda item: -item[1]):
             if seconds > 0:
                 add(f"  {bucket:<20} {_duration(seconds):>10}  {seconds / account.total_s:6.1%}")
+        if report.data_wait_s > 0:
+            # On a device timeline most host waits overlap device work and cost nothing: say both.
+            add(f"data: host waits for batches {_duration(report.data_wait_s)}, time lost to them (data_loading) "
+                f"{_duration(account.badput.get(sc.BADPUT_DATA_LOADING, 0.0))}")
     if report.job_steps is not None:
         stats = report.job_steps
         ideal = "-" if report.ideal_step_s is None else _ms(report.ideal_step_s)
