@@ -9,7 +9,9 @@ covers all the device work the iteration launched, up to and including its last 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -203,25 +205,36 @@ def test_ddp_steps_run_on_the_device_timeline(instrumented, fake, tmp_path: Path
     # DDP (gloo, one rank): its reducer runs inside backward; the device step still ends after the
     # optimizer step and covers the iteration's device work (on CUDA, DDP joins its comm stream to
     # the current stream before backward returns, so the end marker follows the all-reduce too).
+    with one_rank_group(tmp_path):
+        train_four_steps(fake, torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1)))
+    pairs = steps_and_device_steps(spans_of(instrumented, fake))
+    assert len(pairs) == 4
+    for host, device_step in pairs:
+        assert host["attributes"][sc.STEP_OPTIMIZER_STEPS] == 1
+        assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
+
+
+@contextlib.contextmanager
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-        optimizer = launching_optimizer(fake, model.parameters())
-        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
-                                           batch_size=2)
-        for x, y in data:
-            fake.launch(KERNEL_S)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        yield
     finally:
         dist.destroy_process_group()
-    pairs = steps_and_device_steps(spans_of(instrumented, fake))
-    assert len(pairs) == 4
-    for _, device_step in pairs:
-        assert device_s(device_step) >= KERNEL_S + OPTIMIZER_S
+
+
+def train_four_steps(fake: FakeDevice, model) -> None:
+    """Four DataLoader-driven steps, each launching a kernel and an optimizer step on the fake device."""
+    optimizer = launching_optimizer(fake, model.parameters())
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
+                                       batch_size=2)
+    for x, y in data:
+        fake.launch(KERNEL_S)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
 
 @pytest.mark.parametrize("driven_by", ["dataloader", "forward"])
@@ -251,29 +264,18 @@ def test_compiled_model_steps_run_on_the_device_timeline(instrumented, fake, dri
 def test_fsdp_steps_run_on_the_device_timeline(instrumented, fake, tmp_path: Path) -> None:
     # FSDP2 (fully_shard on a one-rank gloo mesh): its all-gathers and reduce-scatters run from its own
     # forward and backward hooks; the step's boundaries and its device step are the same as without it.
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard = getattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard", None)
     if fully_shard is None:
         pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6)")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
+    with one_rank_group(tmp_path):
         mesh = init_device_mesh("cpu", (1,))
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = launching_optimizer(fake, model.parameters())
-        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),
-                                           batch_size=2)
-        for x, y in data:
-            fake.launch(KERNEL_S)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        dist.destroy_process_group()
+        train_four_steps(fake, model)
     pairs = steps_and_device_steps(spans_of(instrumented, fake))
     assert len(pairs) == 4
     for host, device_step in pairs:
