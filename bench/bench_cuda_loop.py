@@ -49,9 +49,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="batch size; sets the step time (default: %(default)s)")
     parser.add_argument("--layers", type=int, default=4, help="Linear layers; sets the step time (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default: %(default)s)")
+    parser.add_argument("--epoch-batches", type=int, default=8,
+                        help="batches per epoch; with workers, each epoch's first batch waits (default: %(default)s)")
     args = parser.parse_args()
     loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--layers", str(args.layers),
-                 "--workers", str(args.workers)]
+                 "--workers", str(args.workers), "--epoch-batches", str(args.epoch_batches)]
 
     walls: dict[bool, list[float]] = {False: [], True: []}
     steps: dict[bool, list[float]] = {False: [], True: []}

@@ -147,6 +147,26 @@ def test_healthy_plain_loop_under_otel_training_run(tmp_path: Path, workers: str
         assert report.job_steps.median == pytest.approx(summary["true_step_median_s"], rel=0.05), figures
 
 
+def test_a_gpu_bound_plain_loop_reports_the_issues_healthy_figures(tmp_path: Path) -> None:
+    """The device-timeline issue's healthy run, literally: a plain loop that keeps the GPU busy
+    (16 layers, 4 loader workers) reports goodput >= 90%, data_loading <= 5% and the CUDA-event
+    step time within 5%, with no alert."""
+    summary, _, trace = _run_loop(tmp_path, "--steps", "300", "--layers", "16", "--workers", "4",
+                                  "--epoch-batches", "50", stuck=False)
+    report = build_report(read_paths([trace]).records)
+    window = summary["device_window_s"]
+    figures = {"report": report.goodput.seconds, "training goodput": report.goodput.training_goodput,
+               "report step median": report.job_steps and report.job_steps.median, "loop's own CUDA events": summary}
+    print(json.dumps(figures))
+    # The premise, by the loop's own events: the GPU is busy with the steps nearly all the time.
+    assert summary["device_busy_s"] / window >= 0.95, figures
+    assert report.goodput.training_goodput >= 0.90, figures
+    assert report.goodput.seconds.get(sc.BADPUT_DATA_LOADING, 0.0) <= 0.05 * window, figures
+    assert report.job_steps is not None
+    assert report.job_steps.median == pytest.approx(summary["true_step_median_s"], rel=0.05), figures
+    assert not report.alerts
+
+
 @pytest.mark.parametrize("item_every", ["1", "10"], ids=["item-every-step", "item-every-10-steps"])
 def test_a_hung_kernel_is_alerted_for_its_own_step(tmp_path: Path, item_every: str) -> None:
     _, spans, _ = _run_loop(tmp_path, "--steps", "120", "--item-every", item_every, "--stall-step", "80",
