@@ -8,11 +8,15 @@ own loop wall time (from the first step to a final ``torch.cuda.synchronize()``,
 so process start-up and CUDA initialisation are not counted) and its median
 CUDA-event step time. Printed: the median of the per-round ratios
 instrumented/plain, with their spread, and how much of the loop the device sat
-idle (from the loop's own events: a host-bound loop pays the host's extra time
-in full). Goal: <= 1.02 with ~4 ms steps (the defaults, ``--layers 4 --batch 128``,
-on an H100).
+idle between steps (from the loop's own events) and the host's median time to
+launch a step: a loop whose host launch time nears its step time is host-bound,
+and pays the host's extra time in full. Goal: <= 1.02 with ~4 ms steps on a loop
+like the device-timeline issue's, one the GPU keeps busy (the second command; the
+defaults, ``--layers 4 --batch 128``, are ~4 ms steps of host launches).
 
     .venv/bin/python bench/bench_cuda_loop.py --rounds 3 --steps 500
+    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --width 2048 --layers 8 --batch 1024 \
+        --workers 4 --epoch-batches 100
 """
 
 from __future__ import annotations
@@ -48,16 +52,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400, help="steps per run (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=128, help="batch size; sets the step time (default: %(default)s)")
     parser.add_argument("--layers", type=int, default=4, help="Linear layers; sets the step time (default: %(default)s)")
+    parser.add_argument("--width", type=int, default=4096, help="Linear width (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default: %(default)s)")
     parser.add_argument("--epoch-batches", type=int, default=8,
                         help="batches per epoch; with workers, each epoch's first batch waits (default: %(default)s)")
     args = parser.parse_args()
     loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--layers", str(args.layers),
+                 "--width", str(args.width),
                  "--workers", str(args.workers), "--epoch-batches", str(args.epoch_batches)]
 
     walls: dict[bool, list[float]] = {False: [], True: []}
     steps: dict[bool, list[float]] = {False: [], True: []}
     idle: dict[bool, list[float]] = {False: [], True: []}
+    launch: dict[bool, list[float]] = {False: [], True: []}
     ratios: list[float] = []
     device = "?"
     with tempfile.TemporaryDirectory(prefix="bench-cuda-loop-") as scratch:
@@ -67,6 +74,7 @@ def main() -> None:
                 walls[instrumented].append(result["wall_s"])
                 steps[instrumented].append(result["true_step_median_s"])
                 idle[instrumented].append(result["device_idle_s"] / result["device_window_s"])
+                launch[instrumented].append(result["host_launch_median_s"])
                 device = result["device"]
             ratios.append(walls[True][-1] / walls[False][-1])
             print(f"round {round_index}: plain {walls[False][-1]:.3f} s, instrumented {walls[True][-1]:.3f} s, "
@@ -76,6 +84,7 @@ def main() -> None:
     for instrumented, label in ((False, "plain"), (True, "otel-training run")):
         print(f"{label:18s} loop wall median {statistics.median(walls[instrumented]):.3f} s, "
               f"CUDA-event step median {statistics.median(steps[instrumented]) * 1e3:.2f} ms, "
+              f"host launch median {statistics.median(launch[instrumented]) * 1e3:.2f} ms, "
               f"device idle {statistics.median(idle[instrumented]):.1%} of the loop")
     print(f"ratio instrumented/plain: median {statistics.median(ratios):.4f} "
           f"(min {min(ratios):.4f}, max {max(ratios):.4f}); goal <= 1.02")

@@ -9,7 +9,8 @@ Run it under ``otel-training run`` to see the device timeline. For checking
 figures, it records its own CUDA events at the top of every iteration (the
 "true" step time) and prints one JSON line: the median true step time, wall
 time, the device's own busy and idle time between those events and each optimizer step's end,
-and the step it stalled (``--stall-step`` sleeps the GPU for
+the host's own time from each iteration's top to its optimizer step's return (launching, unless
+it blocked), and the step it stalled (``--stall-step`` sleeps the GPU for
 ``--stall-s`` at the top of that step's forward pass, as a hung kernel would).
 
     otel-training run --output-dir traces -- python examples/cuda_plain_loop.py --steps 200
@@ -56,12 +57,14 @@ def main() -> None:
     cycles_per_s = cycles_per_second() if args.stall_step is not None else 0
     tops: list[torch.cuda.Event] = []
     dones: list[torch.cuda.Event] = []
+    launches: list[float] = []  # host time from an iteration's top to its optimizer step's return
     step = 0
     started = time.perf_counter()
     while step < args.steps:
         for x, y in loader:
             if step >= args.steps:
                 break
+            launched = time.perf_counter()
             top = torch.cuda.Event(enable_timing=True)
             top.record()
             tops.append(top)
@@ -72,6 +75,7 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            launches.append(time.perf_counter() - launched)
             done = torch.cuda.Event(enable_timing=True)
             done.record()
             dones.append(done)
@@ -90,6 +94,8 @@ def main() -> None:
     print(json.dumps({
         "steps": step, "wall_s": wall_s, "true_step_median_s": statistics.median(warm),
         "busy_step_median_s": statistics.median(busy[6:] if len(busy) > 11 else busy),
+        # Far below the step time: the GPU, not the host, sets the pace.
+        "host_launch_median_s": statistics.median(launches[6:] if len(launches) > 11 else launches),
         "device_busy_s": sum(busy), "device_idle_s": sum(idle), "device_window_s": window_s,
         "stall_step": args.stall_step, "device": torch.cuda.get_device_name(),
     }), flush=True)
