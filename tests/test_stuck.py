@@ -323,3 +323,37 @@ def test_thresholds_below_the_floor_are_refused() -> None:
                    {"span_names": {"training.step": 0.0}}):
         with pytest.raises(ValueError, match="0.01"):
             StuckSpanProcessor(**kwargs)
+
+
+def test_an_alert_being_raised_when_shutdown_begins_is_delivered(configure, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The topology e2e test once lost one span of 1,570 this way on a loaded machine: the watcher
+    had checked that a step was still open and was descheduled before ending its alert span; the
+    step ended, training finished, and shutdown closed the batch processor before the detector, so
+    the alert ended after it and was counted as dropped."""
+    from otel_training.processors import stuck as stuck_module
+
+    telemetry = configure(stuck_threshold_s=0.05, exporter="file", metrics=False)
+    detector = telemetry.stuck
+    in_alert, resume = threading.Event(), threading.Event()
+
+    def descheduled(thread_id: int, **kwargs: object) -> str:
+        in_alert.set()  # past the "still open?" check, before the alert span ends
+        resume.wait(10)
+        return ""
+
+    monkeypatch.setattr(stuck_module, "thread_stacks", descheduled)
+    stop = detector.shutdown
+
+    def resume_then_stop() -> None:  # the watcher gets the CPU back once the detector is told to stop
+        resume.set()
+        stop()
+
+    monkeypatch.setattr(detector, "shutdown", resume_then_stop)
+    step = telemetry.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 460})
+    assert in_alert.wait(10), "the watcher never raised the alert"
+    step.end()  # the step recovers while its alert is being raised
+    result = telemetry.shutdown(timeout_s=5)
+    assert result.completed and result.dropped == 0, result
+    kinds = [span["attributes"][sc.ALERT_KIND] for span in read_spans(telemetry.trace_path)
+             if span["name"] == sc.SPAN_ALERT]
+    assert sorted(kinds) == [sc.ALERT_KIND_RECOVERED, sc.ALERT_KIND_STUCK]

@@ -307,6 +307,11 @@ class Telemetry:
             self.shutdown_deadline = deadline  # callbacks that wait (the device timeline) stay within it
             for callback in reversed(self._on_shutdown):
                 call_contained(callback)
+            if self.stuck is not None:
+                # Its watcher ends alert spans on a thread of its own: stop it (letting an alert it is
+                # raising reach the queue) before the last flush. The tracer provider's shutdown stops
+                # it only after the batch processor, where that alert would be dropped.
+                _run_with_deadline(self.stuck.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
             # Most of the budget for delivering spans, the rest for stopping cleanly.
             completed = _run_with_deadline(
                 self.tracer_provider.force_flush, 0.8 * (deadline - time.monotonic()), "flush-traces"

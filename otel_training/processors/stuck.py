@@ -295,7 +295,7 @@ class StuckSpanProcessor(SpanProcessor):
             with cond:
                 while True:
                     if self._stopping:
-                        return
+                        break
                     self._wake_at = math.inf  # anything started while scanning notifies
                     now = self._clock()
                     due, earliest = self._scan(now)
@@ -303,6 +303,12 @@ class StuckSpanProcessor(SpanProcessor):
                         break
                     self._wake_at = earliest
                     cond.wait(min(earliest - now, _MAX_WAIT_S))
+            if self._stopping:
+                # Recoveries that ended before the stop still reach the callbacks (their alert
+                # spans were emitted when the spans ended).
+                while self._recovered:
+                    self._call_back(self._recovered.popleft())
+                return
             self._handle(due, now)
 
     def _stuck(self, entry: _Watched, now: float) -> None:
