@@ -15,7 +15,7 @@ like the device-timeline issue's, one the GPU keeps busy (the second command; th
 defaults, ``--layers 4 --batch 128``, are ~4 ms steps of host launches).
 
     .venv/bin/python bench/bench_cuda_loop.py --rounds 3 --steps 500
-    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --width 2048 --layers 8 --batch 1024 \
+    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --width 8192 --layers 4 --batch 64 \
         --workers 4 --epoch-batches 100
 """
 
