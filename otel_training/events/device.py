@@ -53,11 +53,8 @@ if TYPE_CHECKING:
     from otel_training.events.runtime import EventsRuntime
 
 #: How often the resolver looks at the oldest marker while device work is pending. Timestamps come
-#: from the device's own clock, so this bounds only how late a device step is seen to start or end
-#: (a stuck alert is timed from the backdated start, so it is not late by it). Each wake takes the
-#: GIL from the training thread: with 5 ms steps, a 5 ms poll woke once a step; at 20 ms several
-#: steps share a wake (the resolver's GIL time on an H200 host: docs/auto-instrumentation.md).
-POLL_S = 0.02
+#: from the device's own clock, so this bounds only how late a device step is seen to start or end.
+POLL_S = 0.005
 #: How often it looks when nothing is pending (a new step, the host-gap watch).
 IDLE_POLL_S = 0.02
 
