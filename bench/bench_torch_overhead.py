@@ -17,12 +17,14 @@ you want, e.g. about 4 ms.)
 
 prints the median of the per-round ratios instrumented / plain (goal <= 1.02)
 for wall time and for process CPU time (which includes the exporter thread but
-not other processes on a shared machine), and the cost per step in microseconds.
+not other processes on a shared machine), the cost per step in microseconds,
+and the cyclic GC's collections and pauses during each mode's rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -70,10 +72,14 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024, help="MLP width (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: %(default)s)")
+    parser.add_argument("--ballast", type=int, default=0,
+                        help="objects kept alive as a big program's heap would (a transformers model, its "
+                             "tokenizer...): a full GC collection walks them all (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the loop on the GPU, with the device timeline on (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    ballast = [{"i": index, "children": []} for index in range(args.ballast // 3)]  # dict + list each, and the list
 
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
         telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False)
@@ -87,8 +93,32 @@ def main() -> None:
         times: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}
         ratios, cpu_ratios = [], []
+        # Python's cyclic GC, by the mode whose round it interrupted: the spans a pipeline keeps
+        # (queued for export, awaiting goodput settling) outlive the young generations, and once
+        # enough have been promoted a full collection walks every object of the process (torch's
+        # and the model's included), pausing the training thread.
+        collections = {mode: [0, 0, 0] for mode in (False, True)}
+        paused = {False: 0.0, True: 0.0}
+        full_paused = {False: 0.0, True: 0.0}
+        longest = {False: 0.0, True: 0.0}
+        mode = [False]
+        began = [0.0]
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+                return
+            took = time.perf_counter() - began[0]
+            collections[mode[0]][info["generation"]] += 1
+            paused[mode[0]] += took
+            longest[mode[0]] = max(longest[mode[0]], took)
+            if info["generation"] == 2:
+                full_paused[mode[0]] += took
+
+        gc.callbacks.append(on_gc)
         for round_index in range(args.rounds):
             for instrumented in ((False, True) if round_index % 2 == 0 else (True, False)):
+                mode[0] = instrumented
                 if instrumented:
                     instrumentor.instrument()
                 started, started_cpu = time.perf_counter(), time.process_time()
@@ -99,6 +129,7 @@ def main() -> None:
                     instrumentor.uninstrument()
             ratios.append(times[True][-1] / times[False][-1])
             cpu_ratios.append(cpu[True][-1] / cpu[False][-1])
+        gc.callbacks.remove(on_gc)
         result = telemetry.shutdown(timeout_s=10)
 
     plain, traced = statistics.median(times[False]), statistics.median(times[True])
@@ -113,6 +144,14 @@ def main() -> None:
           f"(min {min(cpu_ratios):.4f}, max {max(cpu_ratios):.4f})")
     print(f"cost per step: {(traced - plain) / steps * 1e6:.0f} us; spans exported {result.exported}, "
           f"dropped {result.dropped}")
+    total_steps = args.rounds * steps
+    for instrumented, label in ((False, "plain"), (True, "instrumented")):
+        young, middle, full = collections[instrumented]
+        print(f"GC during {label + ' rounds:':19s} {young}/{middle}/{full} collections (gen 0/1/2), "
+              f"{paused[instrumented] / total_steps * 1e6:.1f} us/step paused "
+              f"({full_paused[instrumented] / total_steps * 1e6:.1f} in full collections), longest pause "
+              f"{longest[instrumented] * 1e3:.1f} ms; {len(gc.get_objects())} objects tracked")
+    del ballast
 
 
 if __name__ == "__main__":

@@ -124,3 +124,46 @@ def test_no_module_but_sdk_compat_reaches_into_opentelemetry_internals() -> None
     uses = [use for path in sorted(PACKAGE.rglob("*.py")) if path.name != "_sdk_compat.py"
             for use in _private_otel_uses(path)]
     assert uses == []
+
+
+def test_a_compact_span_exports_exactly_as_the_span_it_copies() -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as encode_otlp
+
+    from otel_training.exporters.span_json import spans_to_otlp_json as encode_spans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test", "1.0")
+    with tracer.start_as_current_span("parent"):
+        with tracer.start_as_current_span("child", attributes={"k": 1, "s": "x", "a": (1, 2)}) as span:
+            span.add_event("e", {"n": 2})
+            span.set_status(trace_api_status_error())
+    child, parent = exporter.get_finished_spans()
+    for finished in (child, parent):
+        compact = _sdk_compat.compact_span(finished)
+        assert compact is not finished
+        assert encode_spans([compact]) == encode_spans([finished])
+        assert encode_otlp([compact]).SerializeToString() == encode_otlp([finished]).SerializeToString()
+        assert compact.context == finished.context and compact.parent == finished.parent
+        assert compact.instrumentation_scope == finished.instrumentation_scope
+    # One TraceFlags object for all spans with the same flags (the SDK makes one a span).
+    assert _sdk_compat.compact_span(child).context.trace_flags is _sdk_compat.compact_span(parent).context.trace_flags
+
+
+def test_a_span_that_dropped_something_is_kept_as_it_is() -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False, span_limits=SpanLimits(max_span_attributes=1))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.get_tracer("test").start_span("s", attributes={"a": 1, "b": 2}).end()
+    (finished,) = exporter.get_finished_spans()
+    assert finished.dropped_attributes == 1
+    assert _sdk_compat.compact_span(finished) is finished  # its dropped count still exports
+
+
+def trace_api_status_error() -> Any:
+    from opentelemetry.trace import Status, StatusCode
+
+    return Status(StatusCode.ERROR, "failed")
