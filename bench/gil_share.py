@@ -27,9 +27,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: Frames of ours or the SDK's that only call back into user code (the wrapped DataLoader fetch,
-#: backward) or run imports: samples whose innermost such frame is one of these are not our cost.
-_CALLS_THROUGH = ("instrumentor.py:163", "instrumentor.py:176", "wrapt/importer.py", "<frozen importlib")
+def _calls_through() -> tuple[str, ...]:
+    """Frames of ours that only call back into user code (the lines of the torch instrumentor's
+    wrappers that call the wrapped function: the DataLoader fetch, backward) or run imports:
+    samples whose innermost frame of ours is one of these are not our cost."""
+    import importlib.util
+
+    lines: list[str] = []
+    spec = importlib.util.find_spec("otel_training.integrations.torch.instrumentor")
+    if spec is not None and spec.origin:
+        source = Path(spec.origin).read_text().splitlines()
+        lines = [f"instrumentor.py:{number}" for number, line in enumerate(source, 1) if "wrapped(*args" in line]
+    return (*lines, "wrapt/importer.py", "<frozen importlib")
+
+
+_CALLS_THROUGH = _calls_through()
 _OURS = ("otel_training", "opentelemetry", "wrapt")
 _STARTUP = ("auto_instrument", "_find_and_load")
 

@@ -179,7 +179,7 @@ def compact_span(span: ReadableSpan) -> ReadableSpan:
         shared = _FLAGS[flags] = TraceFlags(flags)
     context = SpanContext(context.trace_id, context.span_id, context.is_remote, shared, context.trace_state)
     return ReadableSpan(
-        name, context, parent, span.resource, dict(attribute_items(attributes)) if attributes else None,
-        tuple(events) if events else (), tuple(links) if links else (), kind, None, status, start, end,
-        span.instrumentation_scope,
+        name, context, parent, span.resource, dict(attribute_items(attributes)) if attributes else {},
+        tuple(events) if events else (), tuple(links) if links else (), kind,
+        getattr(span, "_instrumentation_info", None), status, start, end, span.instrumentation_scope,
     )

@@ -23,7 +23,8 @@ def _tracked_by_type() -> collections.Counter[str]:
     return collections.Counter(type(thing).__name__ for thing in gc.get_objects())
 
 
-def test_spans_waiting_for_export_and_settling_hold_no_live_span_parts(configure) -> None:
+def test_spans_waiting_for_export_and_settling_hold_no_live_span_parts(configure, monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # nothing exported meanwhile: all 300 stay queued
     configure(exporter="file", metrics=True)
     trainer = otel_training.TrainerProcess()
     with trainer.train():

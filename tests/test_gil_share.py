@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gil_share import summarise
+from gil_share import _CALLS_THROUGH, summarise
 
 
 def test_our_gil_time_per_step_excludes_user_code_calls_through_and_start_up(
@@ -36,3 +36,13 @@ def test_our_gil_time_per_step_excludes_user_code_calls_through_and_start_up(
     assert "6000.0 µs/step" in ours  # the total: 60 samples, nothing else
     every = out.split("GIL held, by thread (all code):")[1].split("GIL held by")[0]
     assert "174000.0 µs/step" in every  # the training thread's 1,740 samples, all code
+
+
+def test_the_wrappers_calls_into_user_code_are_found_in_the_instrumentor() -> None:
+    from otel_training.integrations.torch import instrumentor
+
+    source = Path(instrumentor.__file__).read_text().splitlines()
+    lines = [frame for frame in _CALLS_THROUGH if frame.startswith("instrumentor.py:")]
+    assert len(lines) >= 2  # the fetch and the backward wrappers, at least
+    for frame in lines:
+        assert "wrapped(" in source[int(frame.rpartition(":")[2]) - 1]

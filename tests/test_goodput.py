@@ -201,6 +201,29 @@ def test_the_training_thread_does_no_metric_work(monkeypatch: pytest.MonkeyPatch
     assert records == ["collector"] * 12
 
 
+def test_steps_recorded_but_not_sampled_get_no_exemplar() -> None:
+    """Exemplars point at spans that are exported: under a sampler that records a step span
+    without sampling it, the trace-based filter offers no exemplar, as for a measurement made
+    inside that span."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class RecordOnly(Sampler):
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            return SamplingResult(Decision.RECORD_ONLY)
+
+        def get_description(self) -> str:
+            return "record only"
+
+    pipeline = Pipeline(0, 100)
+    provider = TracerProvider(sampler=RecordOnly())
+    provider.add_span_processor(pipeline.processor)
+    pipeline.tracer = provider.get_tracer("test")
+    pipeline.steps(3)
+    (steps,) = pipeline.metrics()[sc.METRIC_STEP_DURATION]
+    assert steps.count == 3
+    assert not steps.exemplars
+
+
 def test_values_recorded_in_the_callbacks_land_in_the_same_collection() -> None:
     # Delta temporality: a value recorded in a callback but collected a round late would show here.
     reader = InMemoryMetricReader(preferred_temporality={Histogram: AggregationTemporality.DELTA})

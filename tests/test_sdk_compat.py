@@ -147,6 +147,7 @@ def test_a_compact_span_exports_exactly_as_the_span_it_copies() -> None:
         assert encode_otlp([compact]).SerializeToString() == encode_otlp([finished]).SerializeToString()
         assert compact.context == finished.context and compact.parent == finished.parent
         assert compact.instrumentation_scope == finished.instrumentation_scope
+        assert compact.to_json() == finished.to_json()  # what any other exporter reads, too
     # One TraceFlags object for all spans with the same flags (the SDK makes one a span).
     assert _sdk_compat.compact_span(child).context.trace_flags is _sdk_compat.compact_span(parent).context.trace_flags
 

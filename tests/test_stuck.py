@@ -357,3 +357,34 @@ def test_an_alert_being_raised_when_shutdown_begins_is_delivered(configure, monk
     kinds = [span["attributes"][sc.ALERT_KIND] for span in read_spans(telemetry.trace_path)
              if span["name"] == sc.SPAN_ALERT]
     assert sorted(kinds) == [sc.ALERT_KIND_RECOVERED, sc.ALERT_KIND_STUCK]
+
+
+def test_a_stop_right_after_the_watcher_found_an_alert_due_still_raises_it() -> None:
+    """The watcher found a span past its threshold and let go of its lock; a shutdown took the
+    lock at that instant and set the stop. The alert already due is still raised."""
+    seen: list[StuckEvent] = []
+    exporter = InMemorySpanExporter()
+    processor = StuckSpanProcessor(0.05, [sc.SPAN_STEP], on_stuck=seen.append, stacks=False)
+    stopped_after_due = threading.Event()
+
+    class StopOnRelease(threading.Condition):  # what shutdown() does, the moment the watcher releases the lock
+        def __exit__(self, *exc: object) -> None:
+            super().__exit__(*exc)
+            if threading.current_thread().name == "otel-training-stuck" and not stopped_after_due.is_set():
+                if processor._scan(processor._clock())[0]:  # noqa: SLF001 - it broke out with an alert due
+                    stopped_after_due.set()
+                    with self:
+                        processor._stopping = True  # noqa: SLF001
+                        self.notify_all()
+
+    processor._cond = StopOnRelease(threading.Lock())  # noqa: SLF001
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    span = provider.get_tracer("test").start_span(sc.SPAN_STEP)
+    assert stopped_after_due.wait(10), "the watcher never found the span due"
+    processor.shutdown()
+    assert [event.kind for event in seen] == [sc.ALERT_KIND_STUCK]
+    assert [s.attributes[sc.ALERT_KIND] for s in exporter.get_finished_spans() if s.name == sc.SPAN_ALERT] \
+        == [sc.ALERT_KIND_STUCK]
+    span.end()

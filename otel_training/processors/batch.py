@@ -74,7 +74,12 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             queued = batch_queue_length(self)
             if queued is not None and queued >= self._max_queue_size:
                 self._wait_for_room()
-        super().on_end(compact_span(span))  # what waits in the queue keeps the GC's old generation small
+        try:
+            queued = compact_span(span)  # what waits in the queue keeps the GC's old generation small
+        except Exception:  # noqa: BLE001 - never raise into the thread ending the span
+            log_once("compact-span", "otel_training: could not compact a span for the queue; queued as it is")
+            queued = span
+        super().on_end(queued)
 
     def _wait_for_room(self) -> None:
         if not self._progressing():

@@ -178,11 +178,11 @@ class GoodputSpanProcessor(SpanProcessor):
                 if len(started) < self._max_pending:
                     span_id = span.context.span_id
                     parent = span.parent
+                    record = (span_id, name, span.start_time,
+                              name == sc.SPAN_STEP and bool(span_attribute_values(span).get(sc.STEP_DEVICE_TIMED)),
+                              parent.span_id if parent is not None else 0)
                     self._accepted.add(span_id)
-                    started.append((span_id, name, span.start_time,  # type: ignore[arg-type]
-                                    name == sc.SPAN_STEP and bool(
-                                        span_attribute_values(span).get(sc.STEP_DEVICE_TIMED)),
-                                    parent.span_id if parent is not None else 0))
+                    started.append(record)  # type: ignore[arg-type]
                     if len(started) == self._high_water:
                         self._wake_settler()
                 else:
@@ -208,7 +208,7 @@ class GoodputSpanProcessor(SpanProcessor):
                 samples = values.get(sc.SAMPLES, values.get(sc.BATCH_SIZE))
             # A plain tuple (not a NamedTuple): the GC untracks only exact tuples of plain values.
             self._ended.append((context.span_id, name, start, end, status.status_code is StatusCode.ERROR, kept,
-                                context.trace_id, tokens, samples))
+                                context.trace_id, int(context.trace_flags), tokens, samples))
         except Exception:  # noqa: BLE001 - contained inline: the hot path
             log_once("GoodputSpanProcessor.on_end", "otel_training: internal error in goodput on_end")
 
@@ -371,6 +371,7 @@ class _Ended(NamedTuple):
     error: bool
     attributes: dict[str, Any]
     trace_id: int
+    trace_flags: int
     tokens: Any
     samples: Any
 
@@ -387,10 +388,8 @@ def _record(ended: _Ended) -> SpanRecord:
 
 def _in_span(step: _Ended) -> Context:
     """A measurement's context in the step's span: its exemplar points at that span."""
-    return set_span_in_context(NonRecordingSpan(SpanContext(step.trace_id, step.span_id, False, _SAMPLED)))
-
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+    return set_span_in_context(NonRecordingSpan(SpanContext(step.trace_id, step.span_id, False,
+                                                            TraceFlags(step.trace_flags))))
 
 #: Attributes the accountant reads, by span name (alerts: all of them).
 _KEPT_ATTRIBUTES = {

@@ -292,9 +292,11 @@ class StuckSpanProcessor(SpanProcessor):
     def _watch(self) -> None:
         cond = self._cond
         while True:
+            stopping = False
             with cond:
                 while True:
-                    if self._stopping:
+                    if self._stopping:  # read under the lock: alerts found due before it are raised
+                        stopping = True
                         break
                     self._wake_at = math.inf  # anything started while scanning notifies
                     now = self._clock()
@@ -303,7 +305,7 @@ class StuckSpanProcessor(SpanProcessor):
                         break
                     self._wake_at = earliest
                     cond.wait(min(earliest - now, _MAX_WAIT_S))
-            if self._stopping:
+            if stopping:
                 # Recoveries that ended before the stop still reach the callbacks (their alert
                 # spans were emitted when the spans ended).
                 while self._recovered:
