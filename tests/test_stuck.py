@@ -388,3 +388,15 @@ def test_a_stop_right_after_the_watcher_found_an_alert_due_still_raises_it() -> 
     assert [s.attributes[sc.ALERT_KIND] for s in exporter.get_finished_spans() if s.name == sc.SPAN_ALERT] \
         == [sc.ALERT_KIND_STUCK]
     span.end()
+
+
+def test_a_detector_a_user_added_is_stopped_before_the_last_flush_too(configure) -> None:
+    telemetry = configure(exporter="file", metrics=False)
+    mine = StuckSpanProcessor(3600.0, [sc.SPAN_STEP])
+    telemetry.add_span_processor(mine)
+    order: list[str] = []
+    stop, flush = mine.shutdown, telemetry.tracer_provider.force_flush
+    mine.shutdown = lambda: order.append("detector") or stop()  # type: ignore[method-assign]
+    telemetry.tracer_provider.force_flush = lambda *a, **k: order.append("flush") or flush(*a, **k)  # type: ignore[method-assign]
+    telemetry.shutdown(timeout_s=5)
+    assert order[:2] == ["detector", "flush"]

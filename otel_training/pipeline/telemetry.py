@@ -14,6 +14,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -136,6 +137,8 @@ class Telemetry:
         self.spool_path: Path | None = None
         #: The stuck detector the options turned on (``telemetry.stuck.add_callback``), else None.
         self.stuck: StuckSpanProcessor | None = None
+        #: Stuck detectors in this pipeline (``stuck`` and any a user added): stopped before the last flush.
+        self._detectors: list[SpanProcessor] = []
         #: The events API's process-lifetime span of a target, once the API runs on this pipeline (the
         #: lifecycle hooks record a thread's death on it; the pipeline does not import the API).
         self.process_span: Callable[[str], Span] | None = None
@@ -235,6 +238,9 @@ class Telemetry:
     def add_span_processor(self, processor: SpanProcessor) -> None:
         """Add a processor to this pipeline (stuck detection, goodput, DLRover log, yours)."""
         self.tracer_provider.add_span_processor(processor)
+        stuck = sys.modules.get("otel_training.processors.stuck")  # not loaded: it cannot be a detector
+        if stuck is not None and isinstance(processor, stuck.StuckSpanProcessor):
+            self._detectors.append(processor)
 
     def on_shutdown(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
@@ -307,11 +313,11 @@ class Telemetry:
             self.shutdown_deadline = deadline  # callbacks that wait (the device timeline) stay within it
             for callback in reversed(self._on_shutdown):
                 call_contained(callback)
-            if self.stuck is not None:
+            for detector in self._detectors:
                 # Its watcher ends alert spans on a thread of its own: stop it (letting an alert it is
                 # raising reach the queue) before the last flush. The tracer provider's shutdown stops
                 # it only after the batch processor, where that alert would be dropped.
-                _run_with_deadline(self.stuck.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
+                _run_with_deadline(detector.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
             # Most of the budget for delivering spans, the rest for stopping cleanly.
             completed = _run_with_deadline(
                 self.tracer_provider.force_flush, 0.8 * (deadline - time.monotonic()), "flush-traces"
