@@ -13,7 +13,13 @@ nothing per span, left off), and the training-thread cost of the
 ``GoodputSpanProcessor`` alone (on_start + on_end per step span, thread CPU
 time) next to its cost on the metric reader's thread when it collects.
 
+``--gc --ballast N`` leaves Python's cyclic GC on, with N objects kept alive as a
+big program's heap would be: each side then also pays the collections its own
+spans cause (a full collection walks the whole heap), which is what a training
+process pays.
+
     .venv/bin/python bench/bench_events.py [--spans 20000] [--rounds 11] [--default-pipeline]
+    .venv/bin/python bench/bench_events.py --default-pipeline --gc --ballast 2000000
 """
 
 from __future__ import annotations
@@ -114,7 +120,10 @@ def main() -> None:
     parser.add_argument("--default-pipeline", action="store_true",
                         help="also measure trainer.step() with the default options (metrics, goodput) "
                              "and the GoodputSpanProcessor alone")
+    parser.add_argument("--gc", action="store_true", help="leave the cyclic GC on while measuring")
+    parser.add_argument("--ballast", type=int, default=0, help="objects kept alive meanwhile (default: %(default)s)")
     args = parser.parse_args()
+    ballast = [{"i": index, "children": []} for index in range(args.ballast // 3)]  # a dict and a list each
     sides = {"bare": bare_sdk, "ours": otel_training_step}
     if args.default_pipeline:
         sides["default"] = default_pipeline_step
@@ -129,11 +138,15 @@ def main() -> None:
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             gc.collect()
-            gc.disable()
+            if not args.gc:
+                gc.disable()
             try:
                 results[name].append(sides[name](args.spans))
             finally:
                 gc.enable()
+    del ballast
+    if args.gc:
+        print(f"cyclic GC on, {len(gc.get_objects())} objects tracked after the ballast was freed (+{args.ballast})")
     bare = results["bare"]
     b = statistics.median(bare)
     print(f"bare SDK span + BatchSpanProcessor    : {b:6.1f} µs CPU/span (median of {args.rounds} rounds of {args.spans})")
