@@ -9,7 +9,7 @@ counted as dropped, a span exported through the slow path).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import metrics as metrics_api
@@ -22,16 +22,13 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 __all__ = [
     "BaseConfigurator",
     "attribute_items",
-    "attribute_values",
     "batch_queue_length",
-    "compact_span",
     "is_proxy_meter_provider",
-    "span_attribute_values",
     "span_fields",
     "span_pipeline",
     "tracer_for_pipeline",
@@ -131,55 +128,8 @@ def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
             span.dropped_attributes, span.dropped_events, span.dropped_links)
 
 
-def span_attribute_values(span: ReadableSpan) -> Mapping[str, Any]:
-    """A span's (live or ended) attributes as a plain mapping to read, without the proxy ``.attributes`` builds."""
-    if READS_SDK_FIELDS and isinstance(span, ReadableSpan):
-        return attribute_values(span._attributes)
-    return span.attributes or {}
-
-
-def attribute_values(attributes: Any) -> Mapping[str, Any]:
-    """A span's attributes as a plain mapping to read (never to change), without the proxy."""
-    if READS_SDK_FIELDS and type(attributes) is BoundedAttributes:
-        return attributes._dict  # type: ignore[no-any-return]
-    return attributes if attributes is not None else {}  # type: ignore[no-any-return]
-
-
 def attribute_items(attributes: Any) -> Iterable[tuple[str, Any]]:
     """The items of a span's attributes without the proxy ``BoundedAttributes.items()`` builds."""
     if READS_SDK_FIELDS and type(attributes) is BoundedAttributes:
         return attributes._dict.items()
     return attributes.items()  # type: ignore[no-any-return]
-
-
-_FLAGS: dict[int, TraceFlags] = {}
-
-
-def compact_span(span: ReadableSpan) -> ReadableSpan:
-    """An ended span as the same ``ReadableSpan``, holding only what an exporter reads.
-
-    Why: a span waits in the batch queue for up to a batch (512 spans) or 5 s, long
-    enough to outlive the cyclic GC's young generations. The copy ``Span.end`` hands
-    the processors shares the live span's ``BoundedAttributes`` and ``BoundedList``s,
-    each with a lock and a container: about 15 GC-tracked objects a span. Promoted to
-    the oldest generation, they make Python run full collections, and a full
-    collection walks every object of the process (torch's and the model's), pausing
-    the training thread for hundreds of milliseconds (``bench/bench_torch_overhead.py``
-    prints the collections). The copy keeps a plain dict of atomic values (which
-    the GC does not track) and tuples; a span that dropped attributes, events or
-    links is kept as it is, so the dropped counts still export.
-    """
-    (context, parent, name, kind, start, end, attributes, events, links, status,
-     dropped_attributes, dropped_events, dropped_links) = span_fields(span)
-    if dropped_attributes or dropped_events or dropped_links or type(span) is not ReadableSpan or context is None:
-        return span
-    flags = context.trace_flags  # the SDK makes a TraceFlags (a tracked object) per span: share one per value
-    shared = _FLAGS.get(flags)
-    if shared is None:
-        shared = _FLAGS[flags] = TraceFlags(flags)
-    context = SpanContext(context.trace_id, context.span_id, context.is_remote, shared, context.trace_state)
-    return ReadableSpan(
-        name, context, parent, span.resource, dict(attribute_items(attributes)) if attributes else {},
-        tuple(events) if events else (), tuple(links) if links else (), kind,
-        getattr(span, "_instrumentation_info", None), status, start, end, span.instrumentation_scope,
-    )

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from otel_training._contain import log_once
-from otel_training._sdk_compat import batch_queue_length, compact_span
+from otel_training._sdk_compat import batch_queue_length
 
 #: What ``policy`` takes: wait for a progressing exporter when the queue is full, or drop the oldest span.
 POLICIES = ("wait", "drop")
@@ -74,12 +74,7 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             queued = batch_queue_length(self)
             if queued is not None and queued >= self._max_queue_size:
                 self._wait_for_room()
-        try:
-            queued = compact_span(span)  # what waits in the queue keeps the GC's old generation small
-        except Exception:  # noqa: BLE001 - never raise into the thread ending the span
-            log_once("compact-span", "otel_training: could not compact a span for the queue; queued as it is")
-            queued = span
-        super().on_end(queued)
+        super().on_end(span)
 
     def _wait_for_room(self) -> None:
         if not self._progressing():

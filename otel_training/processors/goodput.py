@@ -20,14 +20,13 @@ The classification is ``otel_training.analysis`` — the same code the offline
 report runs. Only what one process can know is live: downtime between runs and
 progress lost to a failure are a job-level, after-the-fact view (the report).
 
-Cost on the training thread, a few µs a span (``bench/bench_events.py
---default-pipeline``): at the start of a span this processor classifies (or an
-alert), a tuple of its id, name and start appended to a bounded deque; at its
-end, a tuple of what the accounting reads. Plain tuples, not the spans: kept
-until the next settling, spans would reach the GC's oldest generation and make
-Python run full collections, each walking every object of the process while the
-training thread waits (``bench/bench_torch_overhead.py --ballast``). No metric
-call, no lock on the training thread.
+Cost on the training thread, well under 1 µs a span (measured by
+``bench/bench_events.py --default-pipeline``): when a span this processor
+classifies (or an alert) starts, a name lookup and the live span appended to a
+bounded deque; at its end, nothing — ``on_end`` is given a fresh copy of the
+span, while the live one already queued shows the collector when it has ended
+(end time set, attributes and status frozen). No metric call, no record built,
+no lock on the training thread.
 
 Everything else — the histogram records, rates, ideal step time, deviation
 gauge and badput classification — runs in the metric reader's thread, in the
@@ -38,7 +37,7 @@ land in that same collection. The work is moved, not removed: about as much
 CPU per step as before, once per metric interval, off the training thread.
 
 The deque holds the spans started since the last settling, at most
-``max_pending`` (a few hundred bytes each while queued). A collection settles it, and so
+``max_pending`` (about 3 KB each while queued). A collection settles it, and so
 does a settling thread of the processor's own, woken when the deque passes half
 of ``max_pending``: the default metric interval is a minute, and a loop faster
 than ``max_pending`` steps a minute (333 a second) would otherwise overflow it
@@ -56,16 +55,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, StatusCode, set_span_in_context
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
-from otel_training._sdk_compat import attribute_values, span_attribute_values, span_fields
 from otel_training.analysis import (
     BUCKETS,
     LABELLED_SPAN_NAMES,
@@ -118,11 +115,8 @@ class GoodputSpanProcessor(SpanProcessor):
         self._accountant = RunAccountant(
             self.origin_ns, evaluation_is_productive=evaluation_is_productive, after_restart=after_restart
         )
-        # Training thread -> collector (deques are thread-safe): starts (span id, name, start, device
-        # timed, parent span id), ends as _Ended fields; an end only for a start that was queued.
-        self._started: collections.deque[tuple[int, str, int, bool, int]] = collections.deque()
-        self._ended: collections.deque[tuple] = collections.deque()
-        self._accepted: set[int] = set()
+        # Training thread -> collector: deque appends and pops are thread-safe.
+        self._started: collections.deque[ReadableSpan] = collections.deque()
         self._max_pending = max_pending
         # The deque's length at which the settling thread is woken (None: only collections settle).
         self._high_water = max(1, max_pending // 2) if settle_in_background else None
@@ -130,7 +124,7 @@ class GoodputSpanProcessor(SpanProcessor):
         self._settler_pid = 0
         self._wake = threading.Event()
         self._stopped = False
-        self._open: dict[int, int] = {}  # collector only: classified spans not seen ended, id -> start
+        self._tracked: list[ReadableSpan] = []  # collector only: started spans not yet seen ended
         # collector only: host steps timed on the device whose device span has not started yet,
         # by span id: their device time may still land after what would otherwise be settled.
         self._awaiting_device: dict[int, int] = {}
@@ -171,18 +165,13 @@ class GoodputSpanProcessor(SpanProcessor):
 
     # -- training thread: O(1), no metric work ------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        # The live span, not the copy on_end gets: the collector sees from it when it has
+        # ended (end time set, attributes and status frozen), so nothing is left for on_end.
         try:
-            name = span.name
-            if name in _QUEUED:
+            if span.name in _QUEUED:
                 started = self._started
                 if len(started) < self._max_pending:
-                    span_id = span.context.span_id
-                    parent = span.parent
-                    record = (span_id, name, span.start_time,
-                              name == sc.SPAN_STEP and bool(span_attribute_values(span).get(sc.STEP_DEVICE_TIMED)),
-                              parent.span_id if parent is not None else 0)
-                    self._accepted.add(span_id)
-                    started.append(record)  # type: ignore[arg-type]
+                    started.append(span)
                     if len(started) == self._high_water:
                         self._wake_settler()
                 else:
@@ -191,26 +180,7 @@ class GoodputSpanProcessor(SpanProcessor):
             log_once("GoodputSpanProcessor.on_start", "otel_training: internal error in goodput on_start")
 
     def on_end(self, span: ReadableSpan) -> None:
-        try:
-            context, _, name, _, start, end, attributes, _, _, status = span_fields(span)[:10]
-            try:
-                self._accepted.remove(context.span_id)
-            except KeyError:
-                return  # not classified, or its start was left out
-            values = attribute_values(attributes)
-            if name == sc.SPAN_ALERT:
-                kept = dict(values)
-            else:
-                kept = {key: values[key] for key in _KEPT_ATTRIBUTES.get(name, ()) if key in values}
-            tokens = samples = None
-            if name in _STEP_NAMES:
-                tokens = values.get(sc.TOKENS)
-                samples = values.get(sc.SAMPLES, values.get(sc.BATCH_SIZE))
-            # A plain tuple (not a NamedTuple): the GC untracks only exact tuples of plain values.
-            self._ended.append((context.span_id, name, start, end, status.status_code is StatusCode.ERROR, kept,
-                                context.trace_id, int(context.trace_flags), tokens, samples))
-        except Exception:  # noqa: BLE001 - contained inline: the hot path
-            log_once("GoodputSpanProcessor.on_end", "otel_training: internal error in goodput on_end")
+        """Nothing: the span has been queued at its start."""
 
     def _wake_settler(self) -> None:
         # Started lazily, and again in a forked child (threads do not survive a fork).
@@ -247,47 +217,40 @@ class GoodputSpanProcessor(SpanProcessor):
         with self._settle_lock:
             now = self._clock()
             awaiting = self._awaiting_device
-            opened = self._open
-            # Ends first counted, then every start popped: each end taken has its start taken by now.
-            ends = len(self._ended)
-            started = self._started
             while True:
                 try:
-                    span_id, name, start, device_timed, parent_id = started.popleft()
+                    span = self._started.popleft()
                 except IndexError:
                     break
-                if name in LABELLED_SPAN_NAMES:
-                    opened[span_id] = start
-                if device_timed:
-                    awaiting[span_id] = start
-                elif name == sc.SPAN_DEVICE_STEP and parent_id:
-                    awaiting.pop(parent_id, None)
-            ended: list[_Ended] = []
-            pop = self._ended.popleft
-            for _ in range(ends):
-                record = _Ended._make(pop())
-                opened.pop(record.span_id, None)
-                if record.name == sc.SPAN_STEP and not record.attributes.get(sc.STEP_DEVICE_TIMED):
-                    awaiting.pop(record.span_id, None)  # its timeline failed: timed on the host after all
-                ended.append(record)
-            for span_id, started_ns in list(awaiting.items()):
-                if now - started_ns > MAX_DEVICE_LAG_NS:
+                self._tracked.append(span)
+                if span.name == sc.SPAN_STEP and (span.attributes or {}).get(sc.STEP_DEVICE_TIMED):
+                    awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]
+                elif span.name == sc.SPAN_DEVICE_STEP and span.parent is not None:
+                    awaiting.pop(span.parent.span_id, None)
+            for span_id, started in list(awaiting.items()):
+                if now - started > MAX_DEVICE_LAG_NS:
                     del awaiting[span_id]  # its device span is not coming (a dead device, a failed timeline)
+            ended: list[ReadableSpan] = []
+            still_open: list[ReadableSpan] = []
+            for span in self._tracked:
+                (still_open if span.end_time is None else ended).append(span)
+            self._tracked = still_open
             # Time after the earliest start of a classified span still open may still change.
-            until = min([now, *opened.values(), *awaiting.values()])
+            starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
+            until = min([now, *starts, *awaiting.values()])  # type: ignore[type-var]
             ended.sort(key=_end_time)  # the accountant takes spans in the order they ended
-            steps: list[_Ended] = []
-            for record in ended:
-                self._accountant.add(_record(record))
-                if record.name in _STEP_NAMES and times_step(record.name, record.attributes):
-                    steps.append(record)
+            steps: list[ReadableSpan] = []
+            for span in ended:
+                self._accountant.add(_record(span))
+                if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
+                    steps.append(span)
             if steps:
                 self._record_steps(steps)
             self._accountant.fold(until)
             return with_compilation(dict(self._accountant.timeline.totals), self._accountant.first_step,
                                     self.ideal_step_time_s)
 
-    def _record_steps(self, steps: list[_Ended]) -> None:
+    def _record_steps(self, steps: list[ReadableSpan]) -> None:
         """Record the steps' histograms, the ideal and the gauges, in the order the steps ended.
 
         Each histogram measurement costs the metrics SDK several µs, and more with an exemplar
@@ -296,15 +259,17 @@ class GoodputSpanProcessor(SpanProcessor):
         slowest step of the batch and the latest. The gauges keep their last value, so they are
         set once, for the latest step, which exports the same as setting them for every step.
         """
-        durations = [(step.end - step.start) / 1e9 for step in steps]
+        durations = [(span.end_time - span.start_time) / 1e9 for span in steps]  # type: ignore[operator]
         slowest = max(range(len(steps)), key=durations.__getitem__)
         score = None
-        for index, (step, duration) in enumerate(zip(steps, durations)):
+        for index, (span, duration) in enumerate(zip(steps, durations)):
             exemplar = index == slowest or index == len(steps) - 1
-            context = _in_span(step) if exemplar else _NO_SPAN
+            context = set_span_in_context(NonRecordingSpan(span.context)) if exemplar else _NO_SPAN
             self._step_duration.record(duration, context=context)
+            attributes = span.attributes or {}
             if duration > 0:
-                tokens, samples = step.tokens, step.samples
+                tokens = attributes.get(sc.TOKENS)
+                samples = attributes.get(sc.SAMPLES, attributes.get(sc.BATCH_SIZE))
                 if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
                     self._tokens_rate.record(tokens / duration, context=context)
                 if isinstance(samples, (int, float)) and not isinstance(samples, bool):
@@ -313,7 +278,7 @@ class GoodputSpanProcessor(SpanProcessor):
             scored = self._individual.add(duration)
             if scored is not None:
                 score = scored
-        latest = _in_span(steps[-1])
+        latest = set_span_in_context(NonRecordingSpan(steps[-1].context))
         if score is not None:
             self._straggler.set(score, context=latest)
         if self._configured_ideal is None:
@@ -361,35 +326,9 @@ class GoodputSpanProcessor(SpanProcessor):
         return True
 
 
-class _Ended(NamedTuple):
-    """What the accounting reads of an ended span (queued as a plain tuple of these fields)."""
+def _end_time(span: ReadableSpan) -> int:
+    return span.end_time  # type: ignore[return-value]
 
-    span_id: int
-    name: str
-    start: int
-    end: int
-    error: bool
-    attributes: dict[str, Any]
-    trace_id: int
-    trace_flags: int
-    tokens: Any
-    samples: Any
-
-
-def _end_time(record: _Ended) -> int:
-    return record.end
-
-
-def _record(ended: _Ended) -> SpanRecord:
-    """What the accountant needs of an ended span (built on the collector's thread)."""
-    return SpanRecord(ended.name, ended.start, ended.end, _RUN, attributes=ended.attributes,
-                      span_id=format(ended.span_id, "016x"), error=ended.error)
-
-
-def _in_span(step: _Ended) -> Context:
-    """A measurement's context in the step's span: its exemplar points at that span."""
-    return set_span_in_context(NonRecordingSpan(SpanContext(step.trace_id, step.span_id, False,
-                                                            TraceFlags(step.trace_flags))))
 
 #: Attributes the accountant reads, by span name (alerts: all of them).
 _KEPT_ATTRIBUTES = {
@@ -397,3 +336,18 @@ _KEPT_ATTRIBUTES = {
     sc.SPAN_SAVE_CHECKPOINT: (sc.CHECKPOINT_STEP,),
     sc.SPAN_LOAD_CHECKPOINT: (sc.CHECKPOINT_STEP,),
 }
+
+
+def _record(span: ReadableSpan) -> SpanRecord:
+    """What the accountant needs of an ended span (built on the collector's thread)."""
+    attributes = span.attributes or {}
+    if span.name == sc.SPAN_ALERT:
+        kept = dict(attributes)
+    else:
+        kept = {key: attributes[key] for key in _KEPT_ATTRIBUTES.get(span.name, ()) if key in attributes}
+    return SpanRecord(
+        span.name, span.start_time, span.end_time, _RUN,  # type: ignore[arg-type]
+        attributes=kept,
+        span_id=format(span.context.span_id, "016x"),
+        error=span.status.status_code is StatusCode.ERROR,
+    )
