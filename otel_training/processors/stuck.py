@@ -272,9 +272,12 @@ class StuckSpanProcessor(SpanProcessor):
     def _handle(self, due: list[_Watched], now: float) -> None:
         for entry in due:
             guarded(self._stuck, entry, now)
+        self._deliver_recovered()
+        self._actions.request_flush()
+
+    def _deliver_recovered(self) -> None:
         while self._recovered:
             self._call_back(self._recovered.popleft())
-        self._actions.request_flush()
 
     def tick(self, now: float | None = None) -> int:
         """One scan on the caller's thread (at ``now`` on the injected clock): alert what is due.
@@ -308,8 +311,7 @@ class StuckSpanProcessor(SpanProcessor):
             if stopping:
                 # Recoveries that ended before the stop still reach the callbacks (their alert
                 # spans were emitted when the spans ended).
-                while self._recovered:
-                    self._call_back(self._recovered.popleft())
+                self._deliver_recovered()
                 return
             self._handle(due, now)
 
