@@ -9,12 +9,15 @@ here on a free loopback port with a ``debug`` exporter) says it accepted.
 
     .venv/bin/python bench/bench_span_queue.py [--steps 50000] [--rounds 3] [--exporters file,otlp]
     .venv/bin/python bench/bench_span_queue.py --rate 10000 --seconds 60 --rounds 1   # sustained, paced
+    .venv/bin/python bench/bench_span_queue.py --modes wait,offload --rate 10000 --seconds 60 --rounds 1
 
 prints, per exporter and policy, the median over rounds of steps/s, process
 CPU per step (export included) and the share of spans delivered. With
 ``--rate`` the loop is paced to that many steps a second (a busy wait between
 steps, so its CPU figure means nothing) for ``--seconds``: whether the pipeline
-sustains that rate, and loses nothing while it does.
+sustains that rate, and loses nothing while it does. ``--modes`` picks the cases:
+the queue policies ``wait`` and ``drop``, and ``offload`` (``offload=True``: the
+drain process exports; the CPU figure is then the training process's alone).
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--exporters", default="file,otlp")
+    parser.add_argument("--modes", default="wait,drop", help="wait, drop, offload (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=0.0, help="pace the loop to this many steps a second")
     parser.add_argument("--seconds", type=float, default=60.0, help="with --rate: how long (default: %(default)s)")
     args = parser.parse_args()
@@ -122,10 +126,14 @@ def main() -> None:
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     try:
         for round_index in range(args.rounds):
-            cases = [(exporter, policy) for exporter in exporters for policy in ("wait", "drop")]
+            cases = [(exporter, mode) for exporter in exporters for mode in args.modes.split(",")]
             shift = round_index % len(cases)
             for exporter, policy in cases[shift:] + cases[:shift]:
-                environ = {"OTEL_TRAINING_SPAN_QUEUE_POLICY": policy, "OTEL_TRAINING_EXPORTER": exporter}
+                environ = {"OTEL_TRAINING_EXPORTER": exporter}
+                if policy == "offload":
+                    environ["OTEL_TRAINING_OFFLOAD"] = "true"
+                else:
+                    environ["OTEL_TRAINING_SPAN_QUEUE_POLICY"] = policy
                 if exporter == "file":
                     out = Path(tempfile.mkdtemp(dir=work))
                     run = _run(args.steps, args.rate, {**environ, "OTEL_TRAINING_OUTPUT_DIR": str(out)})

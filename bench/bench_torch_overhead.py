@@ -9,6 +9,7 @@ file, batch span processor).
 
     .venv/bin/python bench/bench_torch_overhead.py
     .venv/bin/python bench/bench_torch_overhead.py --device cuda --hidden 4096 --batch-size 512 --batches 50
+    .venv/bin/python bench/bench_torch_overhead.py --hidden 64 --batch-size 8 --batches 200 --flush [--offload]
 
 (``--device cuda``: the loop on the GPU, pinned memory, ``non_blocking`` copies,
 ``loss.item()`` every 10 steps, so the instrumented rounds also time every step
@@ -19,12 +20,17 @@ prints the median of the per-round ratios instrumented / plain (goal <= 1.02)
 for wall time and for process CPU time (which includes the exporter thread but
 not other processes on a shared machine), the cost per step in microseconds,
 and the cyclic GC's collections and pauses during each mode's rounds.
+``--flush`` ends each instrumented round with a flush, inside its timing (what
+was made in a round is paid in that round); ``--offload`` runs the pipeline
+with ``offload=True`` (docs/offload.md), so the CPU figure is the training
+process's alone and the drain process's is printed apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -65,6 +71,12 @@ def make_loop(hidden: int, batch_size: int, batches: int, device: str = "cpu"):
     return epoch
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40, help="rounds per mode (default: %(default)s)")
@@ -77,12 +89,17 @@ def main() -> None:
                              "tokenizer...): a full GC collection walks them all (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the loop on the GPU, with the device timeline on (default: %(default)s)")
+    parser.add_argument("--flush", action="store_true", help="flush at the end of each instrumented round, timed")
+    parser.add_argument("--offload", action="store_true", help="configure(offload=True): spans built by a drain")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ballast = [{"i": index, "children": []} for index in range(args.ballast // 3)]  # dict + list each, and the list
 
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
-        telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False)
+        telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False,
+                                            offload=args.offload)
+        drain = getattr(telemetry, "_drain", None)
+        drain_cpu = _cpu_of(drain.pid) if drain is not None else 0.0
         epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
         instrumentor = TorchInstrumentor()
         epoch()  # warm-up, both code paths
@@ -123,6 +140,8 @@ def main() -> None:
                     instrumentor.instrument()
                 started, started_cpu = time.perf_counter(), time.process_time()
                 steps = epoch()
+                if instrumented and args.flush:
+                    telemetry.force_flush(timeout_s=30)
                 times[instrumented].append(time.perf_counter() - started)
                 cpu[instrumented].append(time.process_time() - started_cpu)
                 if instrumented:
@@ -130,6 +149,8 @@ def main() -> None:
             ratios.append(times[True][-1] / times[False][-1])
             cpu_ratios.append(cpu[True][-1] / cpu[False][-1])
         gc.callbacks.remove(on_gc)
+        telemetry.force_flush(timeout_s=30)
+        drain_cpu = _cpu_of(drain.pid) - drain_cpu if drain is not None else 0.0
         result = telemetry.shutdown(timeout_s=10)
 
     plain, traced = statistics.median(times[False]), statistics.median(times[True])
@@ -144,6 +165,9 @@ def main() -> None:
           f"(min {min(cpu_ratios):.4f}, max {max(cpu_ratios):.4f})")
     print(f"cost per step: {(traced - plain) / steps * 1e6:.0f} us; spans exported {result.exported}, "
           f"dropped {result.dropped}")
+    if drain is not None:
+        print(f"the drain process (offload): {drain_cpu / (args.rounds * steps) * 1e6:.0f} us CPU per instrumented "
+              "step, in another process")
     total_steps = args.rounds * steps
     for instrumented, label in ((False, "plain"), (True, "instrumented")):
         young, middle, full = collections[instrumented]

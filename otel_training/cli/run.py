@@ -48,7 +48,9 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
 
     env = dict(environ)
     # Under the launcher a sidecar watchdog reports ranks that freeze or die
-    # (docs/stuck-detection.md); -o watchdog=false turns it off.
+    # (docs/stuck-detection.md); -o watchdog=false turns it off. Not with offload=true (not yet: docs/offload.md).
+    watchdog_given = ENV_PREFIX + "WATCHDOG" in env or any(
+        item.partition("=")[0].strip().lower() == "watchdog" for item in args.option)
     env.setdefault(ENV_PREFIX + "WATCHDOG", "true")
     settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
     for item in args.option:
@@ -61,6 +63,13 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
             env[ENV_PREFIX + name.upper()] = value
     # Fail here, before the job starts: a worker that cannot configure runs uninstrumented.
     options = resolve({}, env)
+    if options["offload"]:
+        from otel_training.pipeline.offload import check_offload
+
+        if not watchdog_given:
+            env[ENV_PREFIX + "WATCHDOG"] = "false"
+            options["watchdog"] = False
+        check_offload(options)
     otel_env.validate(env)
     if (options["exporter"] or default_exporter(env)) == "file":
         check_output_dir(options["output_dir"])

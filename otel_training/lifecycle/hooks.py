@@ -90,9 +90,11 @@ def open_spans(telemetry: Telemetry) -> list[Span]:
     span: this runs only when a process is dying, so the training loop pays
     nothing for it (a tracking processor cost ~1.5 µs on every span).
     """
+    from otel_training.pipeline.record_tracer import RecordSpan  # an offloading pipeline's spans
+
     resource = telemetry.resource
     spans = [obj for obj in gc.get_objects()
-             if isinstance(obj, Span) and obj.end_time is None and obj.resource is resource]
+             if isinstance(obj, (Span, RecordSpan)) and obj.end_time is None and obj.resource is resource]
     spans.sort(key=lambda span: span.start_time or 0, reverse=True)
     return spans
 

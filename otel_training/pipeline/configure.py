@@ -75,9 +75,15 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
                 )
             return _current
         _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
-    telemetry = Telemetry(resolved)
+    if resolved["offload"]:
+        from otel_training.pipeline.offload import OffloadTelemetry
+
+        telemetry: Telemetry = OffloadTelemetry(resolved)
+    else:
+        telemetry = Telemetry(resolved)
     try:
-        install_plugins(telemetry)
+        if not resolved["offload"]:  # offloaded, the drain process runs them
+            install_plugins(telemetry)
     except BaseException:
         # Never publish a half-built pipeline: the next configure() starts afresh.
         telemetry.shutdown(timeout_s=1.0)

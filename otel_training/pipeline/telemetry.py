@@ -120,13 +120,18 @@ def default_exporter(environ: Mapping[str, str]) -> str:
 class Telemetry:
     """The handle ``configure()`` returns: providers, tracer, meter, and bounded flush/shutdown."""
 
+    #: Whether the threads of this process are the ones its spans time (a stuck alert attaches their stacks).
+    CAPTURES_STACKS = True
+
     def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
-                 config_error: Exception | None = None) -> None:
+                 config_error: Exception | None = None, resource: Resource | None = None,
+                 tracing: Mapping[str, Any] | None = None) -> None:
+        """``resource``, ``tracing`` (TracerProvider arguments): the drain's, for another process's spans."""
         environ = os.environ if environ is None else environ
         self.options: dict[str, Any] = dict(options)
         self.exporter_name: str = self.options["exporter"] or default_exporter(environ)
         self.options["exporter"] = self.exporter_name
-        self.resource: Resource = build_resource(self.options, environ)
+        self.resource: Resource = resource if resource is not None else build_resource(self.options, environ)
         self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]
         #: Why this process records nothing: its configuration failed (see ``configure``).
         self.config_error: Exception | None = config_error
@@ -159,6 +164,7 @@ class Telemetry:
         # A stand-in for a failed configuration reads none of the environment that failed
         # (the SDK reads sampler, span limits and exemplar filter from it, and may raise).
         sdk_tracing, sdk_metrics = ({}, {}) if config_error is None else (_TRACING_DEFAULTS, _METRICS_DEFAULTS)
+        sdk_tracing = {**sdk_tracing, **(tracing or {})}
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, **sdk_tracing)
         self.lineage = LineageSpanProcessor(
             {
@@ -202,6 +208,22 @@ class Telemetry:
         self.meter: Meter = self.meter_provider.get_meter(
             sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
         )
+        self._register_counters()
+        atexit.register(self._atexit)
+
+    # -- construction -------------------------------------------------------
+    def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
+        if self.exporter_name == "file":
+            check_output_dir(self.options["output_dir"])
+            self.trace_path = trace_file(self.options["output_dir"], self.rank)
+        return span_exporter(self.exporter_name, environ, self.trace_path)
+
+    def _make_metric_exporter(self, environ: Mapping[str, str]) -> MetricExporter | None:
+        if self.exporter_name == "file":
+            self.metrics_path = metrics_file(self.options["output_dir"], self.rank)
+        return metric_exporter(self.exporter_name, environ, self.metrics_path)
+
+    def _register_counters(self) -> None:
         self.meter.create_observable_counter(
             sc.METRIC_SPANS_DROPPED,
             callbacks=[self._observe_dropped],
@@ -220,19 +242,6 @@ class Telemetry:
             unit="{span}",
             description="Spans the collector could not take, written to the local spool instead.",
         )
-        atexit.register(self._atexit)
-
-    # -- construction -------------------------------------------------------
-    def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
-        if self.exporter_name == "file":
-            check_output_dir(self.options["output_dir"])
-            self.trace_path = trace_file(self.options["output_dir"], self.rank)
-        return span_exporter(self.exporter_name, environ, self.trace_path)
-
-    def _make_metric_exporter(self, environ: Mapping[str, str]) -> MetricExporter | None:
-        if self.exporter_name == "file":
-            self.metrics_path = metrics_file(self.options["output_dir"], self.rank)
-        return metric_exporter(self.exporter_name, environ, self.metrics_path)
 
     # -- extension ----------------------------------------------------------
     def add_span_processor(self, processor: SpanProcessor) -> None:

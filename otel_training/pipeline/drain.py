@@ -1,0 +1,220 @@
+"""The drain process: the training process's span records, replayed as SDK spans through its pipeline.
+
+Started by ``OffloadTelemetry`` (``offload=True``) with the ring's file
+descriptor; the pipeline's options and resource come over its stdin. It builds
+the pipeline those options describe (exporter, batch processor, stuck detector,
+live goodput, DLRover log) with the training process's resource, and replays
+every record: a begin record starts an SDK span with the recorded ids, parent,
+start time, attributes and links; an end record adds what came later (attributes,
+events, status, a new name) and ends it at the recorded time. The processors
+see the on_start and on_end they would have seen in the training process, the
+exporters write the same spans.
+
+It runs in a session of its own, so a Ctrl-C or a launcher's SIGTERM to the
+training job's process group does not stop it before the training process has
+handed over its last spans. It stops at the training process's close record, or
+when that process is gone (then it exports what was written and counts the
+spans that never ended).
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Span as SDKSpan
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
+                                 TraceState, Tracer, set_span_in_context)
+
+from otel_training._ring import DRAIN_FIELDS, Ring
+from otel_training.exporters.otlp_json import metrics_file
+from otel_training.pipeline.exporters import metric_exporter
+from otel_training.pipeline.plugins import install_plugins
+from otel_training.pipeline.record_tracer import BEGIN, CLOSE, END, FLUSH, SCOPE
+from otel_training.pipeline.telemetry import Telemetry
+
+logger = logging.getLogger("otel_training")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+#: How long the drain sleeps when the ring is empty, and how often it publishes its counts.
+POLL_S = 0.002
+_PUBLISH_S = 0.05
+
+
+class _RecordedIds(IdGenerator):
+    """Hands the SDK the ids the training process chose, so parents and links stay true.
+
+    Once, and only to the replaying thread: spans the drain's own processors make (stuck
+    alerts, on their watcher's thread) get fresh random ids.
+    """
+
+    def __init__(self) -> None:
+        self._primed = threading.local()
+        self._random = RandomIdGenerator()
+
+    def prime(self, trace_id: int, span_id: int) -> None:
+        self._primed.ids = (trace_id, span_id)
+
+    def generate_trace_id(self) -> int:
+        ids = getattr(self._primed, "ids", None)
+        return ids[0] if ids is not None else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        ids = getattr(self._primed, "ids", None)
+        if ids is None:
+            return self._random.generate_span_id()
+        self._primed.ids = None  # the span id is asked for last
+        return ids[1]
+
+
+def _context(trace_id: int, span_id: int, remote: bool, flags: int = TraceFlags.SAMPLED,
+             state: Any = None) -> SpanContext:
+    return SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)) if state else None)
+
+
+def _links(links: list[tuple[Any, ...]] | None) -> list[Link] | None:
+    if not links:
+        return None
+    return [Link(_context(trace_id, span_id, remote, flags), attributes or None)
+            for trace_id, span_id, remote, flags, attributes in links]
+
+
+class Replayer:
+    """Records in, SDK spans out, through ``telemetry``'s provider (built with ``ids`` as its id generator)."""
+
+    def __init__(self, telemetry: Telemetry, ids: _RecordedIds) -> None:
+        self.telemetry = telemetry
+        self.ids = ids
+        self.open: dict[int, SDKSpan] = {}
+        self.tracers: dict[int, Tracer] = {0: telemetry.tracer}
+        self.replayed = 0
+        self.ends_without_begin = 0
+        self.flush_token = 0
+        self.closed = False
+
+    def apply(self, record: tuple[Any, ...]) -> None:
+        kind = record[0]
+        if kind == END:
+            self._end(record)
+        elif kind == BEGIN:
+            self._begin(record)
+        elif kind == SCOPE:
+            _, scope, name, version, schema_url, attributes = record
+            self.tracers[scope] = self.telemetry.tracer_provider.get_tracer(name, version, schema_url, attributes)
+        elif kind == FLUSH:
+            self.telemetry.force_flush(self.telemetry.options["exit_timeout_s"])
+            self.flush_token = record[1]
+        elif kind == CLOSE:
+            self.closed = True
+
+    def _begin(self, record: tuple[Any, ...]) -> None:
+        (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state) = record
+        self.ids.prime(trace_id, span_id)
+        context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, state=state))) \
+            if parent_id else Context()
+        tracer = self.tracers.get(scope) or self.telemetry.tracer
+        span = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)
+        self.open[span_id] = span  # type: ignore[assignment]
+
+    def _end(self, record: tuple[Any, ...]) -> None:
+        span = self.open.pop(record[1], None)
+        if span is None:
+            self.ends_without_begin += 1  # its begin record was dropped, counted by the writer
+            return
+        if len(record) > 3:
+            _, _, _, updates, events, status, name, links = record
+            if updates:
+                span.set_attributes(updates)
+            for event_name, timestamp, attributes in events or ():
+                span.add_event(event_name, attributes, timestamp)
+            if status is not None:
+                span.set_status(Status(StatusCode(status[0]), status[1]))
+            if name is not None:
+                span.update_name(name)
+            for link in _links(links) or ():
+                span.add_link(link.context, link.attributes)
+        span.end(record[2])
+        self.replayed += 1
+
+
+class DrainTelemetry(Telemetry):
+    """The pipeline in the drain: the training process's counters stay the training process's to report."""
+
+    CAPTURES_STACKS = False  # the drain's threads are not the training process's
+
+    def _make_metric_exporter(self, environ: Any) -> Any:
+        if self.exporter_name == "file":  # a file of its own: the training process writes metrics-r<rank>.jsonl
+            self.metrics_path = metrics_file(self.options["output_dir"], self.rank).with_suffix(".drain.jsonl")
+        return metric_exporter(self.exporter_name, environ, self.metrics_path)
+
+    def _register_counters(self) -> None:
+        """None here: the training process reports drops, its own and the drain's."""
+
+
+def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0) -> None:
+    exported, dropped, pending = telemetry._counts()  # noqa: SLF001 - the pipeline it built
+    for field, value in (("replayed", replayer.replayed), ("orphans", replayer.ends_without_begin),
+                         ("exported", exported), ("dropped", dropped),
+                         ("pending", pending), ("spooled", telemetry.spans_spooled), ("lost", lost),
+                         ("flushed", replayer.flush_token)):
+        ring.put(DRAIN_FIELDS[field], value)
+
+
+def run(ring: Ring, hello: dict[str, Any]) -> int:
+    """Drain until the close record or the training process's end; returns the exit status."""
+    ids = _RecordedIds()
+    telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
+                               tracing={"sampler": ALWAYS_ON, "id_generator": ids})
+    install_plugins(telemetry)
+    replayer = Replayer(telemetry, ids)
+    ring.put(DRAIN_FIELDS["pid"], os.getpid())
+    parent = hello["pid"]
+    published = 0.0
+    loads = marshal.loads
+    while not replayer.closed:
+        records = ring.read()
+        for payload in records:
+            try:
+                replayer.apply(loads(payload))
+            except Exception:  # noqa: BLE001 - one bad record must not stop the rest
+                logger.exception("otel_training: the drain could not replay a record")
+        now = time.monotonic()
+        if now - published >= _PUBLISH_S or replayer.flush_token > ring.get(DRAIN_FIELDS["flushed"]):
+            _publish(ring, telemetry, replayer)
+            published = now
+        if not records:
+            if os.getppid() != parent:  # the training process is gone: export what it wrote
+                for payload in ring.read(1 << 62):
+                    replayer.apply(loads(payload))
+                break
+            time.sleep(POLL_S)
+    lost = len(replayer.open)
+    if lost and not replayer.closed:
+        logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
+    telemetry.shutdown(timeout_s=telemetry.options["exit_timeout_s"])
+    _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
+    ring.put(DRAIN_FIELDS["done"], 1)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(format="%(message)s")
+    hello = pickle.load(sys.stdin.buffer)  # from the training process, over the pipe it made: trusted
+    ring = Ring.attach(int(argv[1]))
+    try:
+        return run(ring, hello)
+    finally:
+        ring.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,172 @@
+"""``offload=True``: this process writes span records to a ring, a drain process builds and exports the spans.
+
+Why: in-process, every span costs the training process 20-40 µs of CPU (SDK
+span objects, attribute validation, the batch processor, encoding), and the
+threads doing the export, the stuck watcher and the goodput settling hold the
+GIL the training thread needs between its kernels. Offloaded, a span is two
+records of about 80 bytes written to shared memory (``_ring.py``); the drain
+process (``drain.py``) replays them through the pipeline the options describe.
+
+The handle behaves as ``Telemetry`` does: ``force_flush`` returns once the
+drain has exported what was written before it (bounded), ``shutdown`` once the
+drain has finished, and the counts (delivered, dropped, pending, spooled) are
+the drain's, plus the records this process could not write. See docs/offload.md
+for what changes (span processors added in this process see no spans).
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otel_training import semconv as sc
+from otel_training._contain import log_once
+from otel_training._ring import DRAIN_FIELDS, Ring, supported
+from otel_training.config.options import ConfigError
+from otel_training.exporters.otlp_json import trace_file
+from otel_training.pipeline.record_tracer import CLOSE, FLUSH, RecordTracerProvider
+from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
+
+logger = logging.getLogger("otel_training")
+#: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.
+_SITE_DIR = str(Path(__file__).resolve().parents[1] / "integrations" / "auto" / "_site")
+_WAIT_POLL_S = 0.001
+
+
+def check_offload(options: Mapping[str, Any]) -> None:
+    """Refuse, before training, what offloading cannot do yet."""
+    why = supported()
+    if why is not None:
+        raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD): not available here: {why}")
+    if options["watchdog"]:
+        raise ConfigError("option offload=True (OTEL_TRAINING_OFFLOAD) cannot be combined with watchdog=True "
+                          "(OTEL_TRAINING_WATCHDOG) yet: turn one of them off (docs/offload.md)")
+    if options["stuck_action"] != "none":
+        raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD) cannot be combined with "
+                          f"stuck_action={options['stuck_action']!r} (OTEL_TRAINING_STUCK_ACTION) yet: the stuck "
+                          "detector runs in the drain process (docs/offload.md)")
+
+
+class OffloadTelemetry(Telemetry):
+    """A ``Telemetry`` whose spans are records for a drain process (see the module docstring)."""
+
+    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
+        check_offload(options)
+        self._ring: Ring | None = None
+        self._drain: subprocess.Popen[bytes] | None = None
+        self._flush_token = 0
+        self._flush_lock = threading.Lock()
+        super().__init__(options, environ, **kwargs)
+        if self.disabled:
+            return  # nothing is recorded: the SDK's provider, with no exporter, stays
+        sampler = self.tracer_provider.sampler  # the SDK's, from the environment
+        self._ring = ring = Ring.create(self.options["offload_ring_mb"] * 2**20)
+        ring.wait_s = self.options["span_queue_max_wait_s"] if self.options["span_queue_policy"] == "wait" else 0.0
+        ring.alive = self._drain_alive
+        self._drain = self._start_drain(ring)
+        self.tracer_provider = RecordTracerProvider(ring.write, self.resource, sampler,  # type: ignore[assignment]
+                                                    flush=self._flush_drain, close=self._close_drain)
+        self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
+
+    def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
+        """None: the drain exports. The trace directory is still checked here, before training."""
+        if self.exporter_name == "file":
+            check_output_dir(self.options["output_dir"])
+            self.trace_path = trace_file(self.options["output_dir"], self.rank)
+        return None
+
+    def _start_drain(self, ring: Ring) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != _SITE_DIR]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *path])
+        process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
+                                   stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd,), start_new_session=True)
+        hello = {"options": {**self.options, "offload": False}, "resource": dict(self.resource.attributes),
+                 "schema_url": self.resource.schema_url, "pid": os.getpid()}
+        assert process.stdin is not None
+        try:
+            process.stdin.write(pickle.dumps(hello))
+            process.stdin.close()
+        except OSError:
+            pass  # it died at once: counted as it goes (``_drain_alive``)
+        os.close(ring.fd)  # the drain has its own copy; the mapping keeps the memory here
+        return process
+
+    def _drain_alive(self) -> bool:
+        drain = self._drain
+        if drain is None:
+            return False
+        code = drain.poll()
+        if code is not None:
+            log_once("offload-drain-gone", "otel_training: the drain process exited (status %s): the spans written "
+                     "from now on are counted as dropped", code, exc_info=False)
+        return code is None
+
+    # -- flush and close, as the record tracer provider's ---------------------
+    def _flush_drain(self, timeout_s: float) -> bool:
+        ring = self._ring
+        assert ring is not None
+        with self._flush_lock:
+            self._flush_token += 1
+            token = self._flush_token
+            if not ring.write(marshal.dumps((FLUSH, token)), None):
+                return False
+        return self._wait(lambda: ring.get(DRAIN_FIELDS["flushed"]) >= token, time.monotonic() + timeout_s)
+
+    def _close_drain(self) -> bool:
+        ring = self._ring
+        assert ring is not None
+        deadline = self.shutdown_deadline or time.monotonic() + self.options["exit_timeout_s"]
+        done = ring.write(marshal.dumps((CLOSE,)), None) and self._wait(
+            lambda: ring.get(DRAIN_FIELDS["done"]) == 1, deadline)
+        ring.close_writer()
+        return done
+
+    def _wait(self, condition: Any, deadline: float) -> bool:
+        while not condition():
+            if time.monotonic() >= deadline or not self._drain_alive():
+                return bool(condition())
+            time.sleep(_WAIT_POLL_S)
+        return True
+
+    # -- accounting ---------------------------------------------------------
+    def _counts(self) -> tuple[int, int, int]:
+        ring = self._ring
+        if ring is None:
+            return super()._counts()
+        # A span is lost in the ring when its end record was dropped, or its begin (the drain then reads an
+        # end without a begin: an orphan); a span whose begin was dropped and that never ends is not counted,
+        # as an open span is not in-process.
+        get, drain = ring.get, DRAIN_FIELDS
+        orphans = get(drain["orphans"])
+        dropped = ring.dropped_ends + orphans + get(drain["dropped"]) + get(drain["lost"])
+        pending = max(0, ring.ends_written - get(drain["replayed"]) - orphans) + get(drain["pending"])
+        return get(drain["exported"]), dropped, pending
+
+    def _observe_queue_wait(self, options: CallbackOptions) -> list[Observation]:
+        ring = self._ring
+        return [Observation(ring.waited_s if ring is not None else 0.0)]
+
+    @property
+    def spans_spooled(self) -> int:
+        return self._ring.get(DRAIN_FIELDS["spooled"]) if self._ring is not None else 0
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        """Span processors run in the drain process: one added here would never see a span."""
+        raise ConfigError(f"cannot add {type(processor).__name__} to a pipeline with offload=True "
+                          "(OTEL_TRAINING_OFFLOAD): spans are built in the drain process; turn offload off to use "
+                          "your own span processor in this process (docs/offload.md)")

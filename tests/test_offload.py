@@ -1,0 +1,342 @@
+"""``offload=True``: span records in a shared-memory ring, replayed as the same spans by a drain process."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from otlp_json import read_spans
+from waiting import wait_until
+
+import otel_training
+from otel_training import _ring
+from otel_training import semconv as sc
+from otel_training._ring import DRAIN_FIELDS, Ring
+from otel_training.config.options import ConfigError
+from otel_training.pipeline.record_tracer import BEGIN, END, RecordTracerProvider
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+pytestmark = pytest.mark.skipif(_ring.supported() is not None, reason=f"offload unavailable: {_ring.supported()}")
+
+
+# -- the ring ----------------------------------------------------------------------------------------------
+def test_records_come_out_whole_and_in_order_across_the_wrap() -> None:
+    ring = Ring.create(256)
+    reader = Ring.attach(os.dup(ring.fd))
+    sent, got = [], []
+    for index in range(500):
+        payload = bytes([index % 251]) * (index % 37 + 1)
+        assert ring.write(payload, True)
+        sent.append(payload)
+        if index % 3 == 2:
+            got.extend(reader.read())
+    got.extend(reader.read())
+    assert got == sent
+    assert ring.dropped_begins == ring.dropped_ends == 0
+
+
+def test_a_full_ring_drops_at_once_and_counts_by_kind_when_the_reader_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = Ring.create(64)
+    ring.wait_s = 30.0
+    ring.alive = lambda: False
+    monkeypatch.setattr(_ring.time, "sleep", lambda seconds: pytest.fail("waited for a reader that is gone"))
+    written = [ring.write(b"x" * 20, True) for _ in range(2)]
+    assert written == [True, True]
+    assert not ring.write(b"x" * 20, True) and not ring.write(b"y" * 20, False)
+    assert not ring.write(b"z" * 100, False)  # bigger than the ring: never fits
+    assert (ring.dropped_begins, ring.dropped_ends, ring.ends_written) == (1, 2, 0)
+
+
+def test_a_full_ring_waits_for_a_live_reader_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = Ring.create(64)
+    reader = Ring.attach(os.dup(ring.fd))
+    ring.wait_s = 30.0
+    waiting = threading.Event()
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        waiting.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(_ring.time, "sleep", sleep)
+    got: list[bytes] = []
+    drainer = threading.Thread(target=lambda: (waiting.wait(30), got.extend(reader.read())))
+    assert ring.write(b"a" * 28, True) and ring.write(b"b" * 28, False)
+    drainer.start()
+    assert ring.write(b"c" * 28, True)  # full: waits until the reader has read
+    drainer.join(30)
+    got.extend(reader.read())
+    assert got == [b"a" * 28, b"b" * 28, b"c" * 28]
+    assert ring.dropped_begins == ring.dropped_ends == 0 and ring.waited_s > 0
+
+
+def test_threads_writing_at_once_lose_and_tear_no_record() -> None:
+    ring = Ring.create(4096)
+    reader = Ring.attach(os.dup(ring.fd))
+    ring.wait_s = 30.0
+    threads, per_thread = 4, 3000
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def drain() -> None:
+        while not done.is_set() or ring.used():
+            got.extend(reader.read())
+
+    def write(thread: int) -> None:
+        for index in range(per_thread):
+            assert ring.write(marshal.dumps((thread, index, "p" * (index % 50))), True)
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    writers = [threading.Thread(target=write, args=(thread,)) for thread in range(threads)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    done.set()
+    drainer.join(60)
+    records = [marshal.loads(payload) for payload in got]
+    assert all(text == "p" * (index % 50) for _, index, text in records)
+    for thread in range(threads):  # each thread's records, all there and in its order
+        assert [index for owner, index, _ in records if owner == thread] == list(range(per_thread))
+
+
+# -- the record tracer -------------------------------------------------------------------------------------
+def _provider(**kwargs: Any) -> tuple[RecordTracerProvider, list[tuple[Any, ...]]]:
+    records: list[tuple[Any, ...]] = []
+
+    def emit(payload: bytes, begin: bool | None) -> bool:
+        records.append(marshal.loads(payload))
+        return True
+
+    return RecordTracerProvider(emit, Resource.create({}), **kwargs), records
+
+
+def test_record_spans_keep_parentage_and_carry_what_was_added_later() -> None:
+    provider, records = _provider()
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("parent", attributes={"a": 1}) as parent:
+        child = tracer.start_span("child")
+        child.set_attribute("b", 2)
+        child.add_event("e", {"c": 3}, timestamp=123)
+        child.set_status(Status(StatusCode.ERROR, "broken"))
+        child.update_name("child.renamed")
+        child.end()
+        assert trace.get_current_span() is parent
+    begins = {record[5]: record for record in records if record[0] == BEGIN}
+    ends = [record for record in records if record[0] == END]
+    parent_context, child_context = parent.get_span_context(), child.get_span_context()
+    assert begins["child"][2] == parent_context.trace_id == child_context.trace_id
+    assert begins["child"][3] == parent_context.span_id and begins["parent"][3] == 0
+    assert begins["parent"][8] == {"a": 1}
+    child_end = next(record for record in ends if record[1] == child_context.span_id)
+    assert child_end[3:7] == ({"b": 2}, [("e", 123, {"c": 3})], (StatusCode.ERROR.value, "broken"), "child.renamed")
+    parent_end = next(record for record in ends if record[1] == parent_context.span_id)
+    assert len(parent_end) == 3  # nothing added: the short end record
+    assert not child.is_recording() and child.attributes == {"b": 2}
+
+
+def test_unsampled_spans_write_nothing() -> None:
+    provider, records = _provider(sampler=ALWAYS_OFF)
+    span = provider.get_tracer("t").start_span("x")
+    assert not span.is_recording() and span.get_span_context().is_valid
+    unsampled_parent = NonRecordingSpan(SpanContext(1, 2, True, TraceFlags(TraceFlags.DEFAULT)))
+    default, default_records = _provider()
+    child = default.get_tracer("t").start_span("y", context=trace.set_span_in_context(unsampled_parent))
+    assert not child.is_recording()
+    assert [r for r in records + default_records if r[0] in (BEGIN, END)] == []
+
+
+def test_a_forked_child_writes_no_record_into_its_parents_ring() -> None:
+    provider, records = _provider()
+    tracer = provider.get_tracer("t")
+    open_before = tracer.start_span("open.before.fork")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its spans, and the parent's span it inherited, must not be written
+        before = len(records)
+        tracer.start_span("in.child").end()
+        open_before.end()
+        os.write(write_fd, b"%d %d" % (len(records) - before, provider.forked_spans))
+        os._exit(0)
+    os.close(write_fd)
+    written, counted = os.read(read_fd, 100).split()
+    os.waitpid(pid, 0)
+    assert (int(written), int(counted)) == (0, 1)
+    open_before.end()
+    assert records[-1][0] == END  # the parent still writes
+
+
+# -- the whole path: a drain process ----------------------------------------------------------------------
+def _run_workload(directory: Path, mode: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    return subprocess.run([sys.executable, str(SCRIPTS / "offload_workload.py"), str(directory), mode, *extra],
+                          capture_output=True, text=True, env=env, timeout=120, check=True)
+
+
+def _shape(spans: list[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
+    """The spans without their ids and times: names, parents, attributes, events, status, links."""
+    by_id = {span["span_id"]: span for span in spans}
+    varying = {sc.ALERT_STACKS, "thread.id", "exception.stacktrace"}
+
+    def attributes(values: dict[str, Any]) -> str:
+        return json.dumps({key: value for key, value in values.items() if key not in varying}, sort_keys=True)
+
+    return Counter((span["name"], by_id.get(span["parent_id"], {}).get("name", span["parent_id"][:4]),
+                    attributes(span["attributes"]), json.dumps(span["status"], sort_keys=True),
+                    tuple((event["name"], attributes(event["attributes"])) for event in span["events"]),
+                    tuple(attributes(link["attributes"]) for link in span["links"]))
+                   for span in spans)
+
+
+def test_offloaded_spans_are_the_spans_the_process_would_have_exported(tmp_path: Path) -> None:
+    _run_workload(tmp_path / "inprocess", "inprocess")
+    _run_workload(tmp_path / "offload", "offload")
+    before = read_spans(tmp_path / "inprocess" / "traces-r0.jsonl")
+    after = read_spans(tmp_path / "offload" / "traces-r0.jsonl")
+    assert len(before) > 80 and _shape(after) == _shape(before)
+    ids = {span["span_id"] for span in after}
+    for span in after:  # every parent and link points at a span of the file, or at the remote caller
+        assert span["parent_id"] in ids | {"", "0000000000005678"}
+        assert all(link["span_id"] in ids | {"0000000000005678"} for link in span["links"])
+    segments = [span for span in after if span["attributes"].get(sc.TRACE_SEGMENT)]
+    assert segments, "the trace budget rolled the epoch into segments"
+    for key in ("service.name", sc.TRAINING_RANK, "telemetry.sdk.version"):
+        assert after[0]["resource"][key] == before[0]["resource"][key]
+
+
+def test_a_killed_training_process_still_gets_what_it_wrote_exported(tmp_path: Path) -> None:
+    result = _run_workload(tmp_path, "offload", "then-exit")
+    assert result.stdout.strip() == "ended"
+    trace_path = tmp_path / "traces-r0.jsonl"
+    # The drain outlives the training process: it exports what was written, then stops by itself.
+    assert wait_until(lambda: trace_path.exists() and sum(
+        span["name"] == sc.SPAN_STEP for span in read_spans(trace_path)) == 40, timeout_s=60)
+    assert any(span["name"] == "user.fails" for span in read_spans(trace_path))
+
+
+@pytest.fixture
+def offloaded(configure: Any) -> Any:
+    return lambda **options: configure(exporter="file", offload=True, **options)
+
+
+def test_flush_returns_once_the_drain_has_exported_and_counts_match_the_file(offloaded: Any, tmp_path: Path) -> None:
+    telemetry = offloaded()
+    trainer = otel_training.TrainerProcess()
+    for step in range(200):
+        with trainer.step(global_step=step):
+            pass
+    result = telemetry.force_flush(timeout_s=30)
+    spans = read_spans(telemetry.trace_path)
+    assert result.completed and result.pending == 0 and result.dropped == 0
+    assert result.exported == len(spans) and sum(span["name"] == sc.SPAN_STEP for span in spans) == 200
+
+
+def test_a_dead_drain_costs_training_nothing_and_every_lost_span_is_counted(offloaded: Any) -> None:
+    telemetry = offloaded(offload_ring_mb=1, exit_timeout_s=1)
+    trainer = otel_training.TrainerProcess()
+    with trainer.step(global_step=0):
+        pass
+    assert telemetry.force_flush(timeout_s=30).exported == 1
+    telemetry._drain.kill()  # noqa: SLF001
+    telemetry._drain.wait(30)  # noqa: SLF001
+    for step in range(1, 20_001):  # more than the ring holds: no wait (the drain is gone), drops counted
+        with trainer.step(global_step=step):
+            pass
+    assert telemetry.spans_dropped > 0
+    started = time.monotonic()
+    result = telemetry.shutdown(timeout_s=1)
+    assert time.monotonic() - started < 10  # bounded (the budget is 1 s; the margin is for a loaded machine)
+    assert not result.completed and result.exported == 1 and result.dropped == 20_000
+
+
+def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) -> None:
+    telemetry = offloaded(stuck_threshold_s=0.2)
+    trainer = otel_training.TrainerProcess()
+
+    def alerts(kind: str) -> list[dict[str, Any]]:
+        telemetry.force_flush(timeout_s=30)
+        if not telemetry.trace_path.exists():  # nothing exported yet
+            return []
+        return [span for span in read_spans(telemetry.trace_path)
+                if span["name"] == sc.SPAN_ALERT and span["attributes"][sc.ALERT_KIND] == kind]
+
+    with trainer.step(global_step=7):
+        assert wait_until(lambda: alerts(sc.ALERT_KIND_STUCK), timeout_s=30)
+    (stuck,) = alerts(sc.ALERT_KIND_STUCK)
+    assert stuck["attributes"][sc.STEP] == 7 and sc.ALERT_STACKS not in stuck["attributes"]  # not the drain's
+    assert wait_until(lambda: alerts(sc.ALERT_KIND_RECOVERED), timeout_s=30)
+
+
+def test_a_signal_ends_the_open_offloaded_spans_and_they_are_exported(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["OTEL_TRAINING_OFFLOAD"] = "true"
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "train_until_step3.py"), str(tmp_path), "sleep"],
+                               stdout=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    assert process.stdout.readline().strip() == "in-step-3"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == -signal.SIGTERM
+    spans = read_spans(tmp_path / "traces-r0.jsonl")
+    step3 = next(span for span in spans if span["name"] == sc.SPAN_STEP and span["attributes"][sc.STEP] == 3)
+    assert step3["status"]["code"] == 2 and [event["name"] for event in step3["events"]] == [sc.EVENT_SIGNAL]
+    assert sorted(span["attributes"][sc.STEP] for span in spans if span["name"] == sc.SPAN_STEP) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("options, named", [({"watchdog": True}, "watchdog"),
+                                            ({"stuck_action": "exit"}, "stuck_action")])
+def test_what_offload_cannot_do_yet_is_refused_before_training(configure: Any, options: dict[str, Any],
+                                                                named: str) -> None:
+    with pytest.raises(ConfigError, match=f"offload=True.*{named}"):
+        configure(offload=True, **options)
+
+
+def test_a_span_processor_added_in_the_training_process_is_refused(offloaded: Any) -> None:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    telemetry = offloaded()
+    with pytest.raises(ConfigError, match="drain process"):
+        telemetry.add_span_processor(SpanProcessor())
+
+
+def test_the_drain_reports_back_through_the_ring(offloaded: Any) -> None:
+    telemetry = offloaded()
+    with otel_training.TrainerProcess().step(global_step=1):
+        pass
+    telemetry.force_flush(timeout_s=30)
+    ring = telemetry._ring  # noqa: SLF001
+    assert ring.get(DRAIN_FIELDS["pid"]) == telemetry._drain.pid  # noqa: SLF001
+    assert ring.get(DRAIN_FIELDS["replayed"]) >= 1 and ring.get(DRAIN_FIELDS["exported"]) >= 1
+    assert context_api.get_current() == context_api.get_current()  # nothing left attached
+
+
+def test_otel_training_run_turns_its_default_watchdog_off_for_offload_and_refuses_both_asked_for(
+        tmp_path: Path) -> None:
+    import argparse
+
+    from otel_training.cli.run import build_environment
+
+    def args(*options: str) -> argparse.Namespace:
+        return argparse.Namespace(exporter="file", output_dir=str(tmp_path), service_name=None, option=list(options),
+                                  command=[])
+
+    env = build_environment(args("offload=true"), {})
+    assert env["OTEL_TRAINING_OFFLOAD"] == "true" and env["OTEL_TRAINING_WATCHDOG"] == "false"
+    assert build_environment(args(), {})["OTEL_TRAINING_WATCHDOG"] == "true"
+    with pytest.raises(ConfigError, match="offload=True.*watchdog"):
+        build_environment(args("offload=true", "watchdog=true"), {})
