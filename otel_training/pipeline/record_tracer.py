@@ -82,8 +82,8 @@ class RecordSpan(trace_api.Span):
     __slots__ = ("_provider", "_context", "parent", "name", "start_time", "end_time", "kind", "_attributes",
                  "_updates", "_events", "_status", "_renamed", "_links")
 
-    def __init__(self, provider: RecordTracerProvider, context: SpanContext, parent: SpanContext | None, name: str, kind: SpanKind,
-                 start_time: int, attributes: Mapping[str, Any] | None) -> None:
+    def __init__(self, provider: RecordTracerProvider, context: SpanContext, parent: SpanContext | None,
+                 name: str, kind: SpanKind, start_time: int, attributes: Mapping[str, Any] | None) -> None:
         self._provider = provider
         self._context = context
         self.parent = parent
