@@ -6,6 +6,8 @@ so the same assertions hold on an idle laptop and a loaded CI box.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterator
 
 import pytest
@@ -122,3 +124,18 @@ def test_only_the_watched_names_are_watched_each_with_its_rule(detector) -> None
     assert alert.attributes[sc.ALERT_THRESHOLD_S] == 100  # the pattern's own threshold, not the step's
     save.end()
     other.end()
+
+
+def test_replayed_spans_are_timed_from_their_own_start_not_from_when_they_arrive(detector) -> None:
+    # The offload drain replays a step some time after it began: the threshold counts from its start.
+    d = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+    late = d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3}, start_time=time.time_ns() - 20 * 10**9)
+    d.clock.now += 9.5
+    assert d.processor.tick() == 0
+    d.clock.now += 1.0  # 30.5 s after the step began, 10.5 s after it arrived
+    assert d.processor.tick() == 1
+    late.end()
+    on_time = detector(threshold_s=30, first_threshold_s=30)  # not replayed: from when on_start ran
+    on_time.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3}, start_time=time.time_ns() - 20 * 10**9)
+    on_time.clock.now += 10.5
+    assert on_time.processor.tick() == 0

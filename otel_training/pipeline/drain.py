@@ -149,7 +149,7 @@ class Replayer:
 class DrainTelemetry(Telemetry):
     """The pipeline in the drain: the training process's counters stay the training process's to report."""
 
-    CAPTURES_STACKS = False  # the drain's threads are not the training process's
+    REPLAYS = True
 
     def _make_metric_exporter(self, environ: Any) -> Any:
         if self.exporter_name == "file":  # a file of its own: the training process writes metrics-r<rank>.jsonl

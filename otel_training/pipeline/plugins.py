@@ -37,7 +37,8 @@ def install_plugins(telemetry: Telemetry) -> None:
         telemetry.stuck = StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
-            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=telemetry.CAPTURES_STACKS)
+            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=not telemetry.REPLAYS,
+            replayed=telemetry.REPLAYS)
         telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.

@@ -120,8 +120,9 @@ def default_exporter(environ: Mapping[str, str]) -> str:
 class Telemetry:
     """The handle ``configure()`` returns: providers, tracer, meter, and bounded flush/shutdown."""
 
-    #: Whether the threads of this process are the ones its spans time (a stuck alert attaches their stacks).
-    CAPTURES_STACKS = True
+    #: Its spans are another process's, replayed after they began (the offload drain): a stuck detector
+    #: times them from their own start, and attaches no stacks (its threads are not the ones stuck).
+    REPLAYS = False
 
     def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
                  config_error: Exception | None = None, resource: Resource | None = None,

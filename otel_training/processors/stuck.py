@@ -121,6 +121,7 @@ class StuckSpanProcessor(SpanProcessor):
         before_exit: Callable[[], Any] | None = None,
         exit_flush_timeout_s: float = 2.0,
         stacks: bool = True,
+        replayed: bool = False,
         tracer_provider: TracerProvider | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
         slot: Slot | None = None,
@@ -140,6 +141,8 @@ class StuckSpanProcessor(SpanProcessor):
         self._escalation_s = escalation_s
         self._callbacks = [on_stuck] if callable(on_stuck) else list(on_stuck)
         self._stacks = stacks
+        #: Spans reach it after they began (replayed by the offload drain): each is timed from its own start.
+        self._replayed = replayed
         self._sink = AlertSink(tracer_provider, meter_provider, action)
         self._actions = StuckActions(action, exit_code, signal, flush, before_exit, exit_flush_timeout_s,
                                      lambda: self._sink.flush_target)
@@ -205,7 +208,7 @@ class StuckSpanProcessor(SpanProcessor):
                 parent_context = get_current_context()
             now = self._clock()
             entry = _Watched(span, learner, threshold, now, threading.get_ident(), parent_context)
-            if span.name in _AFTER_THE_FACT:
+            if self._replayed or span.name in _AFTER_THE_FACT:
                 # Started by the device timeline once the device began the step (or once the gap was
                 # long): watched from its own start time, with the training thread's stack first.
                 entry.after_the_fact = True
