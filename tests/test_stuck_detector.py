@@ -7,7 +7,6 @@ so the same assertions hold on an idle laptop and a loaded CI box.
 from __future__ import annotations
 
 import time
-
 from collections.abc import Iterator
 
 import pytest
