@@ -138,3 +138,18 @@ def test_replayed_spans_are_timed_from_their_own_start_not_from_when_they_arrive
     on_time.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3}, start_time=time.time_ns() - 20 * 10**9)
     on_time.clock.now += 10.5
     assert on_time.processor.tick() == 0
+
+
+def test_a_replayed_span_that_was_stuck_but_arrived_ended_still_gets_its_alert_and_recovery(detector) -> None:
+    d = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+    begun = time.time_ns() - 45 * 10**9
+    d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 9}, start_time=begun).end(end_time=begun + 40 * 10**9)
+    d.processor.tick()  # callbacks run where the scans run
+    kinds = [alert.attributes[sc.ALERT_KIND] for alert in d.alerts()]
+    assert kinds == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
+    assert d.alerts()[0].attributes[sc.ALERT_ELAPSED_S] == pytest.approx(40.0)
+    assert [event.kind for event in d.events] == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
+    quick = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+    quick.tracer.start_span(sc.SPAN_STEP, start_time=begun).end(end_time=begun + 29 * 10**9)
+    quick.processor.tick()
+    assert quick.alerts() == [] and quick.events == []

@@ -240,6 +240,12 @@ class StuckSpanProcessor(SpanProcessor):
             if self._slot is not None:
                 with self._slot_lock:
                     self._slot.end(span.context.span_id)  # type: ignore[union-attr]
+            if self._replayed and not entry.count and elapsed >= entry.threshold.seconds:
+                # Replayed too late to be caught open (the drain starting, or behind): it was stuck all
+                # the same, so it gets its alert now, and its recovery below.
+                entry.count = 1
+                self._recovered.append(self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context,
+                                                       entry.threshold, 1, elapsed, None))
             if entry.count:
                 # The alert span is ended here, so it is queued before the stuck span's own export
                 # and a shutdown right after cannot lose it; callbacks and the flush are left to
