@@ -27,6 +27,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from threading import get_ident
 
 _MAGIC = 0x4F54_5452_494E_4731  # "OTTRING1"
 HEADER = 4096
@@ -43,6 +44,8 @@ DRAIN_FIELDS = {name: 192 + 8 * index for index, name in enumerate(
     ("pid", "flushed", "replayed", "orphans", "exported", "dropped", "pending", "spooled", "done", "lost"))}
 #: How often a writer facing a full ring looks again (sleeping also lets the drain run).
 _POLL_S = 0.0002
+#: A reader that has not advanced for this long while records waited is stalled: nobody waits for it.
+STALLED_S = 1.0
 
 
 def supported() -> str | None:
@@ -65,6 +68,10 @@ class Ring:
         self._lock = threading.Lock()
         self._write = _U64.unpack_from(mm, _F_WRITE)[0]
         self._read_seen = _U64.unpack_from(mm, _F_READ)[0]
+        #: When the reader was last seen to advance (monotonic), and the thread inside a write.
+        self._progress_at = time.monotonic()
+        self._owner: int | None = None
+        self._full_since: float | None = None
         self.closed = False
         #: The writer's account (read in its own process only): span begin and end records dropped,
         #: end records written, and seconds spent waiting for room.
@@ -105,55 +112,76 @@ class Ring:
         return self.get(_F_WRITE) - self.get(_F_READ)
 
     # -- writing (training process) ----------------------------------------
-    def write(self, payload: bytes, begin: bool | None) -> bool:
-        """Append one record; False when it was dropped (counted in the header).
+    def write(self, payload: bytes, begin: bool | None, deadline: float | None = None) -> bool:
+        """Append one record; False when it was dropped (and counted).
 
         ``begin``: True when the record starts a span (a dropped one loses the span), False when it
-        ends one (counted apart: the drain then holds a span that never ends), None for a control
-        record (not counted). A full ring is waited on for at most ``wait_s`` while ``alive()``,
-        else the record is dropped at once.
+        ends one, None for a control record (not counted as a span). A full ring is waited on while
+        the reader is alive and reading: for span records at most ``wait_s``, for a control record
+        until ``deadline`` (monotonic). The wait holds no lock, so a signal handler that writes the
+        records of the spans it ends is never blocked by the write it interrupted; a handler that
+        interrupts the few bytecodes of a write itself drops its record (counted) rather than
+        deadlock or tear it.
         """
-        length = len(payload)
-        size = 4 + length
-        capacity = self.capacity
-        with self._lock:
-            write = self._write
-            if self.closed or (write + size - self._read_seen > capacity and not self._make_room(write + size)):
+        me = get_ident()
+        if self._owner == me:
+            return self._drop(begin)  # re-entered from a signal handler, mid-write
+        size = 4 + len(payload)
+        if size > self.capacity:
+            return self._drop(begin)
+        started = None
+        while True:
+            with self._lock:
+                self._owner = me
+                try:
+                    if self.closed:
+                        return self._drop(begin)
+                    if self._write + size - self._read_seen <= self.capacity or self._room(size):
+                        self._append(payload, size)
+                        if begin is False:
+                            self.ends_written += 1
+                        if started is not None:
+                            self.waited_s += time.monotonic() - started
+                            self._full_since = None
+                        return True
+                finally:
+                    self._owner = None
+            now = time.monotonic()
+            if started is None:
+                started = now
+                if deadline is None:
+                    deadline = now + self.wait_s
+                if self._full_since is None:
+                    self._full_since = now
+            if now >= deadline or not self.alive() or self.stalled(now):
+                self.waited_s += now - started
                 return self._drop(begin)
-            offset = write % capacity
-            if offset + size <= capacity:
-                data = self._data
-                _LEN.pack_into(data, offset, length)
-                data[offset + 4:offset + size] = payload
-            else:
-                self._put_bytes(write, _LEN.pack(length) + payload)
-            self._write = write = write + size
-            _U64.pack_into(self._mm, _F_WRITE, write)  # publishes the record
-            if begin is False:
-                self.ends_written += 1
-            return True
-
-    def _make_room(self, needed: int) -> bool:
-        self._read_seen = _U64.unpack_from(self._mm, _F_READ)[0]
-        return needed - self._read_seen <= self.capacity or self._wait_for(needed)
-
-    def _wait_for(self, needed: int) -> bool:
-        if needed - self._write > self.capacity:
-            return False  # a record bigger than the whole ring never fits
-        wait_s, alive = self.wait_s, self.alive
-        started = time.monotonic()
-        deadline = started + wait_s
-        room = False
-        while wait_s > 0 and alive():
             time.sleep(_POLL_S)
-            self._read_seen = _U64.unpack_from(self._mm, _F_READ)[0]
-            if needed - self._read_seen <= self.capacity:
-                room = True
-                break
-            if time.monotonic() >= deadline:
-                break
-        self.waited_s += time.monotonic() - started
-        return room
+
+    def _room(self, size: int) -> bool:
+        read = _U64.unpack_from(self._mm, _F_READ)[0]
+        if read != self._read_seen:
+            self._read_seen = read
+            self._progress_at = time.monotonic()
+        return self._write + size - read <= self.capacity
+
+    def stalled(self, now: float) -> bool:
+        """The ring has been full for ``STALLED_S`` without the reader reading: it is alive but hung or
+        stopped, and nobody waits for it (until it reads again)."""
+        since = self._full_since
+        return since is not None and now - max(since, self._progress_at) > STALLED_S
+
+    def _append(self, payload: bytes, size: int) -> None:
+        write, capacity = self._write, self.capacity
+        offset = write % capacity
+        if offset + size <= capacity:
+            data = self._data
+            _LEN.pack_into(data, offset, size - 4)
+            data[offset + 4:offset + size] = payload
+        else:
+            self._put_bytes(write, _LEN.pack(size - 4) + payload)
+        self._write = write = write + size
+        _U64.pack_into(self._mm, _F_WRITE, write)  # publishes the record
 
     def _drop(self, begin: bool | None) -> bool:
         if begin:
@@ -170,9 +198,14 @@ class Ring:
             self._data[:len(data) - first] = data[first:]
 
     def close_writer(self) -> None:
-        """Refuse (and count) every later record: a forked child, or a pipeline shut down."""
-        with self._lock:
-            self.closed = True
+        """Refuse (and count) every later record: a pipeline shut down, or a drain found dead."""
+        self.closed = True
+
+    def forget_in_child(self) -> None:
+        """In a forked child: the ring is the parent's; write nothing more (the lock may be held: a new one)."""
+        self._lock = threading.Lock()
+        self._owner = None
+        self.closed = True
 
     # -- reading (drain process) --------------------------------------------
     def read(self, max_bytes: int = 1 << 20) -> list[bytes]:

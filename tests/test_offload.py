@@ -340,3 +340,136 @@ def test_otel_training_run_turns_its_default_watchdog_off_for_offload_and_refuse
     assert build_environment(args(), {})["OTEL_TRAINING_WATCHDOG"] == "true"
     with pytest.raises(ConfigError, match="offload=True.*watchdog"):
         build_environment(args("offload=true", "watchdog=true"), {})
+
+
+# -- found by the review: each failed before its fix --------------------------------------------------------
+def test_a_forked_child_that_reconfigures_and_exits_leaves_the_parents_drain_alone(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    result = subprocess.run([sys.executable, str(SCRIPTS / "offload_fork.py"), str(tmp_path)], capture_output=True,
+                            text=True, env=env, timeout=120, check=True)
+    assert "dropped=0" in result.stdout and "completed=True" in result.stdout, result.stdout + result.stderr
+    steps = sorted(span["attributes"][sc.STEP] for span in read_spans(tmp_path / "traces-r0.jsonl")
+                   if span["name"] == sc.SPAN_STEP)
+    assert steps == list(range(15))
+
+
+def test_values_marshal_cannot_carry_are_kept_as_the_sdk_keeps_them_and_nothing_raises() -> None:
+    import enum
+    import types
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Mode(str, enum.Enum):
+        TRAIN = "train"
+
+    provider, records = _provider()
+    tracer = provider.get_tracer("t")
+    span = tracer.start_span("odd", attributes=types.MappingProxyType({"level": Level.HIGH, "mode": Mode.TRAIN,
+                                                                      "path": Path("/ckpt"), "ok": 1}))
+    span.add_event("e", {"where": Path("/x")})
+    span.set_attribute("nested", {"a": Level.HIGH})
+    span.end()
+    begin, end = records[-2], records[-1]
+    assert begin[8] == {"level": 3, "mode": "train", "path": "/ckpt", "ok": 1}
+    assert type(begin[8]["level"]) is int
+    assert end[3] == {"nested": {"a": 3}} and end[4][0][2] == {"where": "/x"}
+
+
+def test_a_dead_drain_counts_its_spans_as_dropped_at_once_not_as_pending(offloaded: Any) -> None:
+    telemetry = offloaded()
+    trainer = otel_training.TrainerProcess()
+    telemetry._drain.kill()  # noqa: SLF001
+    telemetry._drain.wait(30)  # noqa: SLF001
+    for step in range(1000):
+        with trainer.step(global_step=step):
+            pass
+    result = telemetry.force_flush(timeout_s=5)
+    assert (result.dropped, result.pending) == (1000, 0) and telemetry.spans_dropped == 1000
+
+
+def test_tracers_asked_for_at_once_get_scopes_of_their_own() -> None:
+    provider, records = _provider()
+    barrier = threading.Barrier(8)
+
+    def get(index: int) -> None:
+        barrier.wait()
+        provider.get_tracer(f"lib.{index}")
+
+    threads = [threading.Thread(target=get, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    scopes = {record[2]: record[1] for record in records if record[0] == 3}
+    assert len(scopes) == 8 and len(set(scopes.values())) == 8
+
+
+def test_a_signal_handler_that_interrupts_a_write_drops_its_record_instead_of_deadlocking() -> None:
+    ring = Ring.create(4096)
+    reader = Ring.attach(os.dup(ring.fd))
+    append = ring._append  # noqa: SLF001
+    nested: list[bool] = []
+
+    def interrupted(payload: bytes, size: int) -> None:  # as if a signal handler ran in the middle
+        if not nested:
+            nested.append(ring.write(b"from the handler", False))
+        append(payload, size)
+
+    ring._append = interrupted  # type: ignore[method-assign]  # noqa: SLF001
+    assert ring.write(b"outer", True)
+    assert nested == [False] and ring.dropped_ends == 1
+    assert reader.read() == [b"outer"]
+
+
+def test_a_reader_alive_but_not_reading_stalls_a_writer_once_not_on_every_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ring, "STALLED_S", 0.05)
+    ring = Ring.create(64)
+    ring.wait_s = 30.0
+    assert ring.write(b"x" * 28, True) and ring.write(b"x" * 28, True)
+    started = time.monotonic()
+    assert not ring.write(b"y" * 28, True)  # waits until the reader is seen stalled, then drops
+    sleeps: list[float] = []
+    monkeypatch.setattr(_ring.time, "sleep", sleeps.append)
+    assert not ring.write(b"z" * 28, True) and sleeps == []  # still stalled: no second wait
+    assert ring.dropped_begins == 2 and time.monotonic() - started < 25  # not the 30 s of wait_s
+
+
+def test_start_span_as_a_context_manager_records_the_exception_as_the_sdk_does() -> None:
+    class DataError(Exception):
+        pass
+
+    provider, records = _provider()
+    with pytest.raises(DataError):
+        with provider.get_tracer("t").start_span("s"):
+            raise DataError("bad")
+    _, _, _, _, events, status, _, _ = records[-1]
+    assert status == (StatusCode.ERROR.value, "DataError: bad")
+    assert events[0][0] == "exception"
+    assert events[0][2]["exception.type"] == f"{__name__}.test_start_span_as_a_context_manager_records_the_" \
+                                             "exception_as_the_sdk_does.<locals>.DataError"
+    assert events[0][2]["exception.escaped"] == "True"
+
+
+def test_trace_flags_and_record_only_decisions_are_the_sdks() -> None:
+    from opentelemetry.sdk.trace.sampling import Decision, SamplingResult, StaticSampler
+
+    provider, records = _provider()
+    root = provider.get_tracer("t").start_span("root")
+    assert int(root.get_span_context().trace_flags) == 0x03  # sampled, random trace id: as the SDK sets it
+
+    class RecordOnly(StaticSampler):
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            return SamplingResult(Decision.RECORD_ONLY, kwargs.get("attributes") or args[4])
+
+    provider, records = _provider(sampler=RecordOnly(Decision.RECORD_ONLY))
+    span = provider.get_tracer("t").start_span("recorded", attributes={"a": 1})
+    assert span.is_recording() and not span.get_span_context().trace_flags.sampled
+    assert records[-1][0] == BEGIN and records[-1][12] == 0x02  # replayed as recorded, not sampled
+
+
+def test_shutdown_reaps_the_drain(offloaded: Any) -> None:
+    telemetry = offloaded()
+    telemetry.shutdown(timeout_s=30)
+    assert telemetry._drain.returncode == 0  # noqa: SLF001 - waited for: no zombie left

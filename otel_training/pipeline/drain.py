@@ -32,10 +32,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
-                                 TraceState, Tracer, set_span_in_context)
+                                 TraceState, Tracer, get_current_span, set_span_in_context)
 
+from otel_training._contain import log_once
 from otel_training._ring import DRAIN_FIELDS, Ring
 from otel_training.exporters.otlp_json import metrics_file
 from otel_training.pipeline.exporters import metric_exporter
@@ -50,19 +51,20 @@ POLL_S = 0.002
 _PUBLISH_S = 0.05
 
 
-class _RecordedIds(IdGenerator):
-    """Hands the SDK the ids the training process chose, so parents and links stay true.
+class _Recorded(IdGenerator, Sampler):
+    """Hands the SDK what the training process decided: ids, sampling decision and trace state.
 
     Once, and only to the replaying thread: spans the drain's own processors make (stuck
-    alerts, on their watcher's thread) get fresh random ids.
+    alerts, on their watcher's thread) get fresh random ids and are sampled, as ALWAYS_ON
+    would (with their parent's trace state).
     """
 
     def __init__(self) -> None:
         self._primed = threading.local()
         self._random = RandomIdGenerator()
 
-    def prime(self, trace_id: int, span_id: int) -> None:
-        self._primed.ids = (trace_id, span_id)
+    def prime(self, trace_id: int, span_id: int, flags: int, state: Any) -> None:
+        self._primed.ids = (trace_id, span_id, flags, TraceState(list(state)) if state else None)
 
     def generate_trace_id(self) -> int:
         ids = getattr(self._primed, "ids", None)
@@ -75,6 +77,22 @@ class _RecordedIds(IdGenerator):
         self._primed.ids = None  # the span id is asked for last
         return ids[1]
 
+    def is_trace_id_random(self) -> bool:
+        ids = getattr(self._primed, "ids", None)
+        return bool(ids[2] & TraceFlags.RANDOM_TRACE_ID) if ids is not None else True
+
+    def should_sample(self, parent_context: Context | None, trace_id: int, name: str, kind: Any = None,
+                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+        ids = getattr(self._primed, "ids", None)
+        if ids is None:
+            state = get_current_span(parent_context).get_span_context().trace_state
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, state)
+        decision = Decision.RECORD_AND_SAMPLE if ids[2] & TraceFlags.SAMPLED else Decision.RECORD_ONLY
+        return SamplingResult(decision, attributes, ids[3])
+
+    def get_description(self) -> str:
+        return "RecordedByTheTrainingProcess"
+
 
 def _context(trace_id: int, span_id: int, remote: bool, flags: int = TraceFlags.SAMPLED,
              state: Any = None) -> SpanContext:
@@ -84,14 +102,14 @@ def _context(trace_id: int, span_id: int, remote: bool, flags: int = TraceFlags.
 def _links(links: list[tuple[Any, ...]] | None) -> list[Link] | None:
     if not links:
         return None
-    return [Link(_context(trace_id, span_id, remote, flags), attributes or None)
-            for trace_id, span_id, remote, flags, attributes in links]
+    return [Link(_context(trace_id, span_id, remote, flags, state), attributes or None)
+            for trace_id, span_id, remote, flags, state, attributes in links]
 
 
 class Replayer:
     """Records in, SDK spans out, through ``telemetry``'s provider (built with ``ids`` as its id generator)."""
 
-    def __init__(self, telemetry: Telemetry, ids: _RecordedIds) -> None:
+    def __init__(self, telemetry: Telemetry, ids: _Recorded) -> None:
         self.telemetry = telemetry
         self.ids = ids
         self.open: dict[int, SDKSpan] = {}
@@ -100,6 +118,13 @@ class Replayer:
         self.ends_without_begin = 0
         self.flush_token = 0
         self.closed = False
+
+    def apply_all(self, payloads: list[bytes]) -> None:
+        for payload in payloads:
+            try:
+                self.apply(marshal.loads(payload))
+            except Exception:  # noqa: BLE001 - one bad record must not stop the rest
+                log_once("drain-replay", "otel_training: the drain could not replay a record")
 
     def apply(self, record: tuple[Any, ...]) -> None:
         kind = record[0]
@@ -111,16 +136,17 @@ class Replayer:
             _, scope, name, version, schema_url, attributes = record
             self.tracers[scope] = self.telemetry.tracer_provider.get_tracer(name, version, schema_url, attributes)
         elif kind == FLUSH:
-            self.telemetry.force_flush(self.telemetry.options["exit_timeout_s"])
+            self.telemetry.force_flush(record[2])  # the training process's own timeout
             self.flush_token = record[1]
         elif kind == CLOSE:
             self.closed = True
 
     def _begin(self, record: tuple[Any, ...]) -> None:
-        (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state) = record
-        self.ids.prime(trace_id, span_id)
-        context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, state=state))) \
-            if parent_id else Context()
+        (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state, flags,
+         parent_flags) = record
+        self.ids.prime(trace_id, span_id, flags, state)
+        context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, parent_flags,
+                                                                state))) if parent_id else Context()
         tracer = self.tracers.get(scope) or self.telemetry.tracer
         span = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)
         self.open[span_id] = span  # type: ignore[assignment]
@@ -171,30 +197,24 @@ def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0
 
 def run(ring: Ring, hello: dict[str, Any]) -> int:
     """Drain until the close record or the training process's end; returns the exit status."""
-    ids = _RecordedIds()
+    ids = _Recorded()
     telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
-                               tracing={"sampler": ALWAYS_ON, "id_generator": ids})
+                               tracing={"sampler": ids, "id_generator": ids})
     install_plugins(telemetry)
     replayer = Replayer(telemetry, ids)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())
     parent = hello["pid"]
     published = 0.0
-    loads = marshal.loads
     while not replayer.closed:
         records = ring.read()
-        for payload in records:
-            try:
-                replayer.apply(loads(payload))
-            except Exception:  # noqa: BLE001 - one bad record must not stop the rest
-                logger.exception("otel_training: the drain could not replay a record")
+        replayer.apply_all(records)
         now = time.monotonic()
         if now - published >= _PUBLISH_S or replayer.flush_token > ring.get(DRAIN_FIELDS["flushed"]):
             _publish(ring, telemetry, replayer)
             published = now
         if not records:
             if os.getppid() != parent:  # the training process is gone: export what it wrote
-                for payload in ring.read(1 << 62):
-                    replayer.apply(loads(payload))
+                replayer.apply_all(ring.read(1 << 62))
                 break
             time.sleep(POLL_S)
     lost = len(replayer.open)

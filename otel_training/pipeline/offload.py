@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class OffloadTelemetry(Telemetry):
         check_offload(options)
         self._ring: Ring | None = None
         self._drain: subprocess.Popen[bytes] | None = None
+        self._drain_gone = False
         self._flush_token = 0
         self._flush_lock = threading.Lock()
         super().__init__(options, environ, **kwargs)
@@ -78,9 +80,11 @@ class OffloadTelemetry(Telemetry):
         ring.wait_s = self.options["span_queue_max_wait_s"] if self.options["span_queue_policy"] == "wait" else 0.0
         ring.alive = self._drain_alive
         self._drain = self._start_drain(ring)
-        self.tracer_provider = RecordTracerProvider(ring.write, self.resource, sampler,  # type: ignore[assignment]
-                                                    flush=self._flush_drain, close=self._close_drain)
+        self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]
+            ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
+            close=self._close_drain)
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
+        _instances.add(self)
 
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
         """None: the drain exports. The trace directory is still checked here, before training."""
@@ -102,38 +106,57 @@ class OffloadTelemetry(Telemetry):
             process.stdin.write(pickle.dumps(hello))
             process.stdin.close()
         except OSError:
-            pass  # it died at once: counted as it goes (``_drain_alive``)
+            pass  # it died at once: found by ``_drain_alive``, its spans counted as dropped
         os.close(ring.fd)  # the drain has its own copy; the mapping keeps the memory here
         return process
 
     def _drain_alive(self) -> bool:
+        """False once the drain has exited: from then on every record is dropped at once, and counted."""
         drain = self._drain
-        if drain is None:
+        if drain is None or self._drain_gone:
             return False
         code = drain.poll()
-        if code is not None:
-            log_once("offload-drain-gone", "otel_training: the drain process exited (status %s): the spans written "
-                     "from now on are counted as dropped", code, exc_info=False)
-        return code is None
+        if code is None:
+            return True
+        self._drain_gone = True
+        if self._ring is not None:
+            self._ring.close_writer()
+        if self._ring is None or self._ring.get(DRAIN_FIELDS["done"]) != 1:
+            log_once("offload-drain-gone", "otel_training: the drain process exited (status %s): the spans it had "
+                     "not exported, and those written from now on, are counted as dropped", code, exc_info=False)
+        return False
 
     # -- flush and close, as the record tracer provider's ---------------------
+    def _write_control(self, payload: bytes, timeout_s: float) -> bool:
+        """A control record waits for room while the drain reads, whatever the span queue policy."""
+        ring = self._ring
+        return ring is not None and ring.write(payload, None, time.monotonic() + timeout_s)
+
     def _flush_drain(self, timeout_s: float) -> bool:
         ring = self._ring
-        assert ring is not None
+        if ring is None or ring.closed:
+            return False
+        deadline = time.monotonic() + timeout_s
         with self._flush_lock:
             self._flush_token += 1
             token = self._flush_token
-            if not ring.write(marshal.dumps((FLUSH, token)), None):
-                return False
-        return self._wait(lambda: ring.get(DRAIN_FIELDS["flushed"]) >= token, time.monotonic() + timeout_s)
+        if not self._write_control(marshal.dumps((FLUSH, token, timeout_s)), timeout_s):
+            return False
+        return self._wait(lambda: ring.get(DRAIN_FIELDS["flushed"]) >= token, deadline)
 
     def _close_drain(self) -> bool:
         ring = self._ring
-        assert ring is not None
+        if ring is None or ring.closed:
+            return False
         deadline = self.shutdown_deadline or time.monotonic() + self.options["exit_timeout_s"]
-        done = ring.write(marshal.dumps((CLOSE,)), None) and self._wait(
+        done = self._write_control(marshal.dumps((CLOSE,)), max(0.0, deadline - time.monotonic())) and self._wait(
             lambda: ring.get(DRAIN_FIELDS["done"]) == 1, deadline)
         ring.close_writer()
+        if done and self._drain is not None:
+            try:  # it exits right after saying it is done: reap it, so no zombie stays behind
+                self._drain.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         return done
 
     def _wait(self, condition: Any, deadline: float) -> bool:
@@ -143,19 +166,32 @@ class OffloadTelemetry(Telemetry):
             time.sleep(_WAIT_POLL_S)
         return True
 
+    def _forget_in_child(self) -> None:
+        """A forked child: the ring and the drain are the parent's; flush and shutdown leave them alone."""
+        if self._ring is not None:
+            self._ring.forget_in_child()
+        self._ring = None  # its counts are the parent's to report
+        self._drain = None
+        self._drain_gone = True
+
     # -- accounting ---------------------------------------------------------
     def _counts(self) -> tuple[int, int, int]:
         ring = self._ring
         if ring is None:
             return super()._counts()
-        # A span is lost in the ring when its end record was dropped, or its begin (the drain then reads an
-        # end without a begin: an orphan); a span whose begin was dropped and that never ends is not counted,
-        # as an open span is not in-process.
+        # A span is lost when its end record was dropped or could not be encoded, or its begin was dropped
+        # (the drain then reads an end without a begin: an orphan); a span whose begin was dropped and that
+        # never ends is not counted, as an open span is not in-process. Once the drain is gone, what it
+        # had not replayed is lost too.
+        self._drain_alive()
         get, drain = ring.get, DRAIN_FIELDS
         orphans = get(drain["orphans"])
-        dropped = ring.dropped_ends + orphans + get(drain["dropped"]) + get(drain["lost"])
-        pending = max(0, ring.ends_written - get(drain["replayed"]) - orphans) + get(drain["pending"])
-        return get(drain["exported"]), dropped, pending
+        lost = ring.dropped_ends + self.tracer_provider.ring_drops + orphans  # type: ignore[attr-defined]
+        dropped = lost + get(drain["dropped"]) + get(drain["lost"])
+        unread = max(0, ring.ends_written - get(drain["replayed"]) - orphans)
+        if self._drain_gone and get(drain["done"]) != 1:
+            return get(drain["exported"]), dropped + unread + get(drain["pending"]), 0
+        return get(drain["exported"]), dropped, unread + get(drain["pending"])
 
     def _observe_queue_wait(self, options: CallbackOptions) -> list[Observation]:
         ring = self._ring
@@ -170,3 +206,14 @@ class OffloadTelemetry(Telemetry):
         raise ConfigError(f"cannot add {type(processor).__name__} to a pipeline with offload=True "
                           "(OTEL_TRAINING_OFFLOAD): spans are built in the drain process; turn offload off to use "
                           "your own span processor in this process (docs/offload.md)")
+
+
+_instances: weakref.WeakSet[OffloadTelemetry] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for telemetry in list(_instances):
+        telemetry._forget_in_child()  # noqa: SLF001
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -3,16 +3,18 @@
 ``RecordSpan`` implements the OpenTelemetry API's ``Span``: the events API, the
 integrations and the user's own code (through the global provider) use it as
 any span (context, parentage, attributes, events, status, exceptions, links).
-Beginning one writes a begin record (ids, parent, name, start time, attributes),
-ending it writes an end record (end time and whatever was added meanwhile). No
-SDK span, no attribute validation, no span processor runs here: the drain
-process replays the records through the SDK and the pipeline's processors and
-exporters (``pipeline/drain.py``), so the spans it exports are the ones this
-process would have exported.
+Beginning one writes a begin record (ids, parent, flags, trace state, name,
+start time, attributes, links); ending it writes an end record (end time and
+whatever was added meanwhile). No SDK span, no attribute validation, no span
+processor runs here: the drain process replays the records through the SDK
+and the pipeline's processors and exporters (``pipeline/drain.py``), so the
+spans it exports are the ones this process would have exported.
 
-Sampling is decided here, with the SDK's sampler from the environment; the
-default (parent-based, always on) costs nothing. Span limits are applied by
-the drain's SDK.
+Sampling is decided here, with the SDK's sampler from the environment (the
+default, parent-based always-on, costs nothing); the record carries the
+decision and the drain's SDK repeats it. Span limits are applied by the drain.
+Nothing here raises into the caller: a value marshal cannot carry is converted
+as the SDK would keep it (a subclass to its base type, anything else to text).
 """
 
 from __future__ import annotations
@@ -20,70 +22,84 @@ from __future__ import annotations
 import logging
 import marshal
 import os
+import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from random import getrandbits
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_training._contain import log_once
 
 logger = logging.getLogger("otel_training")
 
 BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_VALUE_TYPES = (str, bool, int, float, bytes)
+#: A root's flags, as the SDK sets them: sampled, and a random trace id (ours are).
+_ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+_EXACT = (str, bool, int, float, bytes, type(None))
+#: Two threads ending one span (the signal path's ``end_open_spans`` and the span's own) write one end.
+_END_LOCK = threading.Lock()
 
 #: ``emit(payload, begin)``: write one record (``begin`` None: a control record); False when it was dropped.
 Emit = Callable[[bytes, "bool | None"], bool]
 
 
-def _plain(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    """What marshal can carry of attributes the SDK would accept (it drops the rest too)."""
-    plain: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if isinstance(value, _VALUE_TYPES):
-            plain[str(key)] = value
-        elif isinstance(value, (list, tuple)) and all(isinstance(item, _VALUE_TYPES) for item in value):
-            plain[str(key)] = tuple(value)
-        else:
-            log_once(f"offload-attribute:{type(value).__name__}",
-                     "otel_training: attribute %r of type %s dropped (not a valid attribute value)", key,
-                     type(value).__name__, exc_info=False)
-    return plain
+def _plain(value: Any) -> Any:
+    """``value`` as marshal carries it: what the SDK keeps, converted to exact built-in types."""
+    kind = type(value)
+    if kind in _EXACT:
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(item) for item in value)
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, str):  # a str Enum: its value, as JSON would write it (``str()`` gives its name)
+        return str.__str__(value)
+    for base in (bool, int, float, bytes):  # an IntEnum, numpy's float64...
+        if isinstance(value, base):
+            return base(value)
+    return str(value)
 
 
-def _dump(record: tuple[Any, ...]) -> bytes:
+def _encode(record: tuple[Any, ...]) -> bytes | None:
+    """The record's bytes; None (logged once) if even its plain form cannot be encoded."""
     try:
         return marshal.dumps(record)
-    except ValueError:  # an attribute value marshal cannot carry: the SDK would refuse it as well
-        return marshal.dumps(tuple(_plain(item) if isinstance(item, dict) else item for item in record))
+    except ValueError:
+        pass
+    try:
+        return marshal.dumps(_plain(record))
+    except Exception:  # noqa: BLE001 - never raise into the code that began or ended the span
+        log_once("offload-encode", "otel_training: a span could not be recorded for the drain; it is counted as "
+                 "dropped")
+        return None
 
 
 def _links(links: Sequence[Link] | None) -> list[tuple[Any, ...]] | None:
     if not links:
         return None
     return [(link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags),
-             dict(link.attributes or {})) for link in links if link.context.is_valid]
+             tuple(link.context.trace_state.items()) or None, dict(link.attributes or {})) for link in links]
 
 
 class RecordSpan(trace_api.Span):
     """A span that lives as two records in the ring (see the module docstring)."""
 
     __slots__ = ("_provider", "_context", "parent", "name", "start_time", "end_time", "kind", "_attributes",
-                 "_updates", "_events", "_status", "_renamed", "_links")
+                 "_updates", "_events", "_status", "_renamed", "_links", "_on_exception")
 
     def __init__(self, provider: RecordTracerProvider, context: SpanContext, parent: SpanContext | None,
-                 name: str, kind: SpanKind, start_time: int, attributes: Mapping[str, Any] | None) -> None:
+                 name: str, kind: SpanKind, start_time: int, attributes: Mapping[str, Any] | None,
+                 on_exception: tuple[bool, bool] = (True, True)) -> None:
         self._provider = provider
         self._context = context
         self.parent = parent
@@ -97,6 +113,8 @@ class RecordSpan(trace_api.Span):
         self._status: Status | None = None
         self._renamed = False
         self._links: list[Link] | None = None
+        #: (record_exception, set_status_on_exception) for ``with tracer.start_span(...)``, as the SDK's.
+        self._on_exception = on_exception
 
     # -- what the SDK's span offers for reading -----------------------------
     @property
@@ -145,7 +163,7 @@ class RecordSpan(trace_api.Span):
             self._events.append((name, time.time_ns() if timestamp is None else timestamp, dict(attributes or {})))
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
-        if self.end_time is None and context.is_valid:
+        if self.end_time is None:
             if self._links is None:
                 self._links = []
             self._links.append(Link(context, attributes))
@@ -168,25 +186,42 @@ class RecordSpan(trace_api.Span):
 
     def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        stacktrace = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
-        values = {"exception.type": type(exception).__name__, "exception.message": str(exception),
-                  "exception.stacktrace": stacktrace, "exception.escaped": str(escaped)}
+        module, qualname = type(exception).__module__, type(exception).__qualname__
+        values = {"exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+                  "exception.message": str(exception),
+                  "exception.stacktrace": "".join(traceback.format_exception(exception)),
+                  "exception.escaped": str(escaped)}
         if attributes:
             values.update(attributes)
         self.add_event("exception", values, timestamp)
 
+    def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                 exc_tb: TracebackType | None) -> None:
+        if exc_val is not None and self.end_time is None:
+            record, set_status = self._on_exception
+            if record:
+                self.record_exception(exc_val, escaped=True)
+            if set_status:
+                self.set_status(Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}"))
+        self.end()
+
     def end(self, end_time: int | None = None) -> None:
-        if self.end_time is not None:
-            return
-        self.end_time = end_time = time.time_ns() if end_time is None else end_time
+        with _END_LOCK:
+            if self.end_time is not None:
+                return
+            self.end_time = end_time = time.time_ns() if end_time is None else end_time
         status = self._status
         if self._updates is None and self._events is None and status is None and not self._renamed \
                 and self._links is None:
-            self._provider.emit(marshal.dumps((END, self._context.span_id, end_time)), False)
-            return
-        self._provider.emit(_dump((END, self._context.span_id, end_time, self._updates, self._events,
-                          None if status is None else (status.status_code.value, status.description),
-                          self.name if self._renamed else None, _links(self._links))), False)
+            payload: bytes | None = marshal.dumps((END, self._context.span_id, end_time))
+        else:
+            payload = _encode((END, self._context.span_id, end_time, self._updates, self._events,
+                               None if status is None else (status.status_code.value, status.description),
+                               self.name if self._renamed else None, _links(self._links)))
+        if payload is None:
+            self._provider.ring_drops += 1
+        else:
+            self._provider.emit(payload, False)
 
     def __repr__(self) -> str:
         return f"RecordSpan({self.name!r}, span_id={self._context.span_id:016x})"
@@ -204,36 +239,40 @@ class RecordTracer(trace_api.Tracer):
                    start_time: int | None = None, record_exception: bool = True,
                    set_status_on_exception: bool = True) -> trace_api.Span:
         provider = self._provider
-        parent = trace_api.get_current_span(context).get_span_context()
-        if parent.is_valid:
-            trace_id, parent_id = parent.trace_id, parent.span_id
+        parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
+        if parent.is_valid:  # type: ignore[union-attr]
+            trace_id, parent_id = parent.trace_id, parent.span_id  # type: ignore[union-attr]
+            flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & TraceFlags.RANDOM_TRACE_ID))  # type: ignore[union-attr]
+            trace_state = parent.trace_state  # type: ignore[union-attr]
         else:
-            trace_id, parent_id, parent = getrandbits(128) or 1, 0, None
+            trace_id, parent_id, parent, flags, trace_state = getrandbits(128) or 1, 0, None, _ROOT_FLAGS, None
         span_id = getrandbits(64) or 1
         sampler = provider.sampler
-        trace_state = parent.trace_state if parent is not None else None
         if sampler is not DEFAULT_ON:
             result = sampler.should_sample(context, trace_id, name, kind, attributes, links)
             trace_state = result.trace_state
-            if result.decision is not Decision.RECORD_AND_SAMPLE:
-                return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, _UNSAMPLED, trace_state))
-            if result.attributes:
-                attributes = {**(attributes or {}), **result.attributes}
+            if not result.decision.is_recording():
+                return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False,
+                                                              TraceFlags(flags & ~TraceFlags.SAMPLED), trace_state))
+            if result.decision is not Decision.RECORD_AND_SAMPLE:  # recorded for the processors, not exported
+                flags = TraceFlags(flags & ~TraceFlags.SAMPLED)
+            attributes = result.attributes
         elif parent is not None and not parent.trace_flags.sampled:
-            return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, parent.trace_flags,
-                                                          parent.trace_state))
+            return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, parent.trace_flags, trace_state))
         if start_time is None:
             start_time = time.time_ns()
-        span_context = SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
         record = (BEGIN, span_id, trace_id, parent_id, parent is not None and parent.is_remote, name, start_time,
                   kind.value, attributes or None, _links(links), self._scope,
-                  tuple(trace_state.items()) if trace_state else None)
+                  tuple(trace_state.items()) or None if trace_state else None, int(flags),
+                  int(parent.trace_flags) if parent is not None else 0)
         try:
-            payload = marshal.dumps(record)
+            payload: bytes | None = marshal.dumps(record)
         except ValueError:
-            payload = _dump(record)
-        provider.emit(payload, True)
-        return RecordSpan(provider, span_context, parent, name, kind, start_time, attributes)
+            payload = _encode(record)
+        if payload is not None:  # else its end record reaches the drain alone, which counts it as lost
+            provider.emit(payload, True)
+        return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,
+                          start_time, attributes, (record_exception, set_status_on_exception))
 
     @contextmanager  # type: ignore[override]
     def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
@@ -254,26 +293,42 @@ class RecordTracerProvider(trace_api.TracerProvider):
     """The training process's tracer provider when spans are offloaded (``offload=True``)."""
 
     def __init__(self, emit: Emit, resource: Resource, sampler: Sampler = DEFAULT_ON, *,
+                 write_control: Callable[[bytes, float], bool] | None = None,
                  flush: Callable[[float], bool] = lambda timeout_s: True,
                  close: Callable[[], bool] = lambda: True) -> None:
         self.emit: Emit = emit
         self.resource = resource
         self.sampler = sampler
+        self._write_control = write_control or (lambda payload, timeout_s: emit(payload, None))
         self._flush = flush
         self._close = close
         self._tracers: dict[tuple[str, str | None, str | None], RecordTracer] = {}
+        self._lock = threading.Lock()
+        self._scopes = 0
+        #: Spans made in a forked child (not recorded), and records that could not be encoded.
         self.forked_spans = 0
+        self.ring_drops = 0
         _providers.add(self)
 
     def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
                    schema_url: str | None = None, attributes: Mapping[str, Any] | None = None) -> RecordTracer:
         key = (instrumenting_module_name, instrumenting_library_version, schema_url)
         tracer = self._tracers.get(key)
-        if tracer is None:
-            scope = len(self._tracers) + 1
-            self.emit(_dump((SCOPE, scope, instrumenting_module_name, instrumenting_library_version, schema_url,
-                             dict(attributes or {}) or None)), None)
-            tracer = self._tracers.setdefault(key, RecordTracer(self, scope))
+        if tracer is not None:
+            return tracer
+        with self._lock:
+            tracer = self._tracers.get(key)
+            if tracer is None:
+                self._scopes += 1
+                tracer = RecordTracer(self, self._scopes)
+                payload = _encode((SCOPE, self._scopes, instrumenting_module_name, instrumenting_library_version,
+                                   schema_url, dict(attributes or {}) or None))
+                if payload is not None and self._write_control(payload, 1.0):
+                    self._tracers[key] = tracer  # else the next get_tracer declares a scope again
+                else:
+                    log_once("offload-scope", "otel_training: an instrumentation scope could not be declared to "
+                             "the drain (its ring is full); its spans are exported under otel_training's scope",
+                             exc_info=False)
         return tracer
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -296,6 +351,8 @@ class RecordTracerProvider(trace_api.TracerProvider):
 def _after_fork_in_child() -> None:
     for provider in list(_providers):
         provider.emit = provider._refuse_in_child  # noqa: SLF001 - the ring belongs to the parent
+        provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001
+        provider._lock = threading.Lock()  # noqa: SLF001 - it may have been held at the fork
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
