@@ -473,3 +473,29 @@ def test_shutdown_reaps_the_drain(offloaded: Any) -> None:
     telemetry = offloaded()
     telemetry.shutdown(timeout_s=30)
     assert telemetry._drain.returncode == 0  # noqa: SLF001 - waited for: no zombie left
+
+
+def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_host_between_them(
+        offloaded: Any, fake: Any) -> None:
+    telemetry = offloaded(stuck_threshold_s=0.2)
+
+    def spans() -> list[dict[str, Any]]:
+        telemetry.force_flush(timeout_s=30)
+        return read_spans(telemetry.trace_path) if telemetry.trace_path.exists() else []
+
+    trainer = otel_training.TrainerProcess()
+    with trainer.epoch(epoch=3):
+        for index in range(6):
+            with trainer.step(global_step=index):
+                fake.launch(0.002)
+            if index == 3:  # the host outside any step, the device idle: alerted while it lasts
+                assert wait_until(lambda: any(span["name"] == sc.SPAN_ALERT and span["attributes"][
+                    sc.ALERT_SPAN_NAME] == sc.SPAN_BETWEEN_STEPS for span in spans()), timeout_s=30)
+    telemetry.shutdown(timeout_s=30)
+    exported = read_spans(telemetry.trace_path)
+    assert sorted(span["attributes"][sc.STEP] for span in exported if span["name"] == sc.SPAN_DEVICE_STEP) == \
+        list(range(6))
+    host = {span["span_id"] for span in exported if span["name"] == sc.SPAN_STEP}
+    assert all(span["parent_id"] in host for span in exported if span["name"] == sc.SPAN_DEVICE_STEP)
+    (gap,) = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
+    assert gap["attributes"][sc.STEP] == 3

@@ -303,7 +303,9 @@ class DeviceTimeline:
             self._gap = None
 
     def _step_threshold_s(self) -> float | None:
-        stuck = getattr(self._runtime.telemetry, "stuck", None)
+        telemetry = self._runtime.telemetry
+        # Offloaded, the detector is the drain's: the pipeline gives the thresholds its options set.
+        stuck = getattr(telemetry, "stuck_thresholds", None) or getattr(telemetry, "stuck", None)
         if stuck is None:
             return None
         threshold = stuck.threshold_for(sc.SPAN_DEVICE_STEP)

@@ -84,6 +84,13 @@ class OffloadTelemetry(Telemetry):
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
             close=self._close_drain)
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
+        #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
+        #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).
+        self.stuck_thresholds: Any = None
+        if options["stuck_threshold_s"] is not None or options["stuck_adaptive"]:
+            from otel_training.processors.stuck import StuckSpanProcessor
+
+            self.stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
         _instances.add(self)
 
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
