@@ -499,3 +499,19 @@ def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_
     assert all(span["parent_id"] in host for span in exported if span["name"] == sc.SPAN_DEVICE_STEP)
     (gap,) = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
     assert gap["attributes"][sc.STEP] == 3
+
+
+def test_otel_training_run_offloads_an_unmodified_torch_loop(tmp_path: Path) -> None:
+    from requirements import require
+
+    require("torch")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    result = subprocess.run([str(Path(sys.executable).parent / "otel-training"), "run", "--output-dir", str(tmp_path),
+                             "-o", "offload=true", "--", sys.executable, str(SCRIPTS / "torch_tiny_loop.py"), "7"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 7, result.stderr
+    spans = read_spans(tmp_path / "traces-r0.jsonl")
+    steps = [span for span in spans if span["name"] == sc.SPAN_STEP]
+    assert [span["attributes"][sc.STEP] for span in steps] == [0, 1, 2, 3, 4]
+    assert all(span["attributes"][sc.STEP_DATA_WAIT_S] > 0 for span in steps)
+    assert steps[0]["resource"]["process.pid"] != 0 and (tmp_path / "metrics-r0.drain.jsonl").exists()
