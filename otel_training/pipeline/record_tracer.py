@@ -43,8 +43,11 @@ from otel_training._contain import log_once
 logger = logging.getLogger("otel_training")
 
 BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
-#: A root's flags, as the SDK sets them: sampled, and a random trace id (ours are).
+#: A root's flags, as the SDK sets them: sampled, and a random trace id (ours are); a child's keep the
+#: parent's random-trace-id bit. Made once: the hot path only looks them up.
 _ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+_CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _ROOT_FLAGS}
+_KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
 _EXACT = (str, bool, int, float, bytes, type(None))
 #: Two threads ending one span (the signal path's ``end_open_spans`` and the span's own) write one end.
 _END_LOCK = threading.Lock()
@@ -242,7 +245,7 @@ class RecordTracer(trace_api.Tracer):
         parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
         if parent.is_valid:  # type: ignore[union-attr]
             trace_id, parent_id = parent.trace_id, parent.span_id  # type: ignore[union-attr]
-            flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & TraceFlags.RANDOM_TRACE_ID))  # type: ignore[union-attr]
+            flags = _CHILD_FLAGS[parent.trace_flags & TraceFlags.RANDOM_TRACE_ID]  # type: ignore[union-attr]
             trace_state = parent.trace_state  # type: ignore[union-attr]
         else:
             trace_id, parent_id, parent, flags, trace_state = getrandbits(128) or 1, 0, None, _ROOT_FLAGS, None
@@ -262,7 +265,7 @@ class RecordTracer(trace_api.Tracer):
         if start_time is None:
             start_time = time.time_ns()
         record = (BEGIN, span_id, trace_id, parent_id, parent is not None and parent.is_remote, name, start_time,
-                  kind.value, attributes or None, _links(links), self._scope,
+                  _KIND_VALUES.get(kind, 0), attributes or None, _links(links) if links else None, self._scope,
                   tuple(trace_state.items()) or None if trace_state else None, int(flags),
                   int(parent.trace_flags) if parent is not None else 0)
         try:
