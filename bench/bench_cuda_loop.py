@@ -17,6 +17,10 @@ defaults, ``--layers 4 --batch 128``, are ~4 ms steps of host launches).
     .venv/bin/python bench/bench_cuda_loop.py --rounds 3 --steps 500
     .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --width 8192 --layers 4 --batch 64 \
         --workers 4 --epoch-batches 100
+    .venv/bin/python bench/bench_cuda_loop.py --rounds 4 --steps 500 --offload   # also -o offload=true
+
+``--offload`` adds a third mode, ``otel-training run -o offload=true`` (spans built
+by a drain process: docs/offload.md), in the same interleaved rounds.
 """
 
 from __future__ import annotations
@@ -34,11 +38,16 @@ REPO = Path(__file__).resolve().parent.parent
 LOOP = REPO / "examples" / "cuda_plain_loop.py"
 
 
-def run_once(instrumented: bool, loop_args: list[str], output: Path) -> dict:
+MODES = {"plain": None, "run": [], "offload": ["-o", "offload=true"]}
+LABELS = {"plain": "plain", "run": "otel-training run", "offload": "run, offload=true"}
+
+
+def run_once(mode: str, loop_args: list[str], output: Path) -> dict:
     command = [sys.executable, str(LOOP), *loop_args]
-    if instrumented:
-        command = [str(Path(sys.executable).parent / "otel-training"), "run", "--output-dir", str(output), "--",
-                   *command]
+    options = MODES[mode]
+    if options is not None:
+        command = [str(Path(sys.executable).parent / "otel-training"), "run", "--output-dir", str(output), *options,
+                   "--", *command]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     if result.returncode != 0:
@@ -56,38 +65,43 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default: %(default)s)")
     parser.add_argument("--epoch-batches", type=int, default=8,
                         help="batches per epoch; with workers, each epoch's first batch waits (default: %(default)s)")
+    parser.add_argument("--offload", action="store_true", help="also run under otel-training run -o offload=true")
     args = parser.parse_args()
     loop_args = ["--steps", str(args.steps), "--batch", str(args.batch), "--layers", str(args.layers),
                  "--width", str(args.width),
                  "--workers", str(args.workers), "--epoch-batches", str(args.epoch_batches)]
 
-    walls: dict[bool, list[float]] = {False: [], True: []}
-    steps: dict[bool, list[float]] = {False: [], True: []}
-    idle: dict[bool, list[float]] = {False: [], True: []}
-    launch: dict[bool, list[float]] = {False: [], True: []}
-    ratios: list[float] = []
+    modes = ["plain", "run"] + (["offload"] if args.offload else [])
+    walls: dict[str, list[float]] = {mode: [] for mode in modes}
+    steps: dict[str, list[float]] = {mode: [] for mode in modes}
+    idle: dict[str, list[float]] = {mode: [] for mode in modes}
+    launch: dict[str, list[float]] = {mode: [] for mode in modes}
+    ratios: dict[str, list[float]] = {mode: [] for mode in modes[1:]}
     device = "?"
     with tempfile.TemporaryDirectory(prefix="bench-cuda-loop-") as scratch:
         for round_index in range(args.rounds):
-            for instrumented in ((False, True) if round_index % 2 == 0 else (True, False)):
-                result = run_once(instrumented, loop_args, Path(scratch) / f"r{round_index}")
-                walls[instrumented].append(result["wall_s"])
-                steps[instrumented].append(result["true_step_median_s"])
-                idle[instrumented].append(result["device_idle_s"] / result["device_window_s"])
-                launch[instrumented].append(result["host_launch_median_s"])
+            shift = round_index % len(modes)
+            for mode in modes[shift:] + modes[:shift]:  # the order rotated every round
+                result = run_once(mode, loop_args, Path(scratch) / f"r{round_index}-{mode}")
+                walls[mode].append(result["wall_s"])
+                steps[mode].append(result["true_step_median_s"])
+                idle[mode].append(result["device_idle_s"] / result["device_window_s"])
+                launch[mode].append(result["host_launch_median_s"])
                 device = result["device"]
-            ratios.append(walls[True][-1] / walls[False][-1])
-            print(f"round {round_index}: plain {walls[False][-1]:.3f} s, instrumented {walls[True][-1]:.3f} s, "
-                  f"ratio {ratios[-1]:.4f}", flush=True)
+            for mode in ratios:
+                ratios[mode].append(walls[mode][-1] / walls["plain"][-1])
+            print(f"round {round_index}: " + ", ".join(f"{LABELS[mode]} {walls[mode][-1]:.3f} s" for mode in modes)
+                  + "; ratios " + ", ".join(f"{ratios[mode][-1]:.4f}" for mode in ratios), flush=True)
 
     print(f"loop: examples/cuda_plain_loop.py {' '.join(loop_args)}, {args.rounds} rounds per mode, {device}")
-    for instrumented, label in ((False, "plain"), (True, "otel-training run")):
-        print(f"{label:18s} loop wall median {statistics.median(walls[instrumented]):.3f} s, "
-              f"CUDA-event step median {statistics.median(steps[instrumented]) * 1e3:.2f} ms, "
-              f"host launch median {statistics.median(launch[instrumented]) * 1e3:.2f} ms, "
-              f"device idle {statistics.median(idle[instrumented]):.1%} of the loop")
-    print(f"ratio instrumented/plain: median {statistics.median(ratios):.4f} "
-          f"(min {min(ratios):.4f}, max {max(ratios):.4f}); goal <= 1.02")
+    for mode in modes:
+        print(f"{LABELS[mode]:18s} loop wall median {statistics.median(walls[mode]):.3f} s, "
+              f"CUDA-event step median {statistics.median(steps[mode]) * 1e3:.2f} ms, "
+              f"host launch median {statistics.median(launch[mode]) * 1e3:.2f} ms, "
+              f"device idle {statistics.median(idle[mode]):.1%} of the loop")
+    for mode, values in ratios.items():
+        print(f"ratio {LABELS[mode]}/plain: median {statistics.median(values):.4f} "
+              f"(min {min(values):.4f}, max {max(values):.4f}); goal <= 1.02")
 
 
 if __name__ == "__main__":
