@@ -515,3 +515,16 @@ def test_otel_training_run_offloads_an_unmodified_torch_loop(tmp_path: Path) -> 
     assert [span["attributes"][sc.STEP] for span in steps] == [0, 1, 2, 3, 4]
     assert all(span["attributes"][sc.STEP_DATA_WAIT_S] > 0 for span in steps)
     assert steps[0]["resource"]["process.pid"] != 0 and (tmp_path / "metrics-r0.drain.jsonl").exists()
+
+
+def test_the_drain_outlives_a_sigterm_sent_to_every_process_of_the_job(offloaded: Any) -> None:
+    telemetry = offloaded()
+    trainer = otel_training.TrainerProcess()
+    with trainer.step(global_step=0):
+        pass
+    os.kill(telemetry._drain.pid, signal.SIGTERM)  # noqa: SLF001 - as scancel does
+    for step in range(1, 11):  # the training process handles its own signal: ends and flushes its spans
+        with trainer.step(global_step=step):
+            pass
+    result = telemetry.shutdown(timeout_s=30)
+    assert result.completed and result.exported == 11 and telemetry._drain.returncode == 0  # noqa: SLF001

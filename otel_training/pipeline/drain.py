@@ -10,11 +10,12 @@ events, status, a new name) and ends it at the recorded time. The processors
 see the on_start and on_end they would have seen in the training process, the
 exporters write the same spans.
 
-It runs in a session of its own, so a Ctrl-C or a launcher's SIGTERM to the
-training job's process group does not stop it before the training process has
-handed over its last spans. It stops at the training process's close record, or
-when that process is gone (then it exports what was written and counts the
-spans that never ended).
+It runs in a session of its own and ignores SIGTERM, SIGINT and SIGHUP, so a
+Ctrl-C, a launcher's signal to the job's process group or a scheduler's to every
+process of the job does not stop it before the training process has handed
+over its last spans. It stops at the training process's close record, or when
+that process is gone (then it exports what was written and counts the spans
+that never ended); SIGKILL stops it at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import marshal
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -228,6 +230,13 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(format="%(message)s")
+    # A scheduler that stops a job signals every process of it (Slurm's scancel, a container's stop): the
+    # drain outlives the training process's own handling of that signal, which ends and flushes its spans,
+    # and stops by itself when that process has closed it or is gone.
+    ignored = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    for signum in ignored:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ignored)  # blocked since the fork (offload.py): now ignored
     hello = pickle.load(sys.stdin.buffer)  # from the training process, over the pipe it made: trusted
     ring = Ring.attach(int(argv[1]))
     try:

@@ -20,6 +20,7 @@ import logging
 import marshal
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -45,6 +46,8 @@ logger = logging.getLogger("otel_training")
 #: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.
 _SITE_DIR = str(Path(__file__).resolve().parents[1] / "integrations" / "auto" / "_site")
 _WAIT_POLL_S = 0.001
+#: What the drain ignores: a scheduler's or a terminal's signal to the whole job (see drain.py).
+_DRAIN_IGNORES = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 def check_offload(options: Mapping[str, Any]) -> None:
@@ -104,8 +107,15 @@ class OffloadTelemetry(Telemetry):
         env = dict(os.environ)
         path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != _SITE_DIR]
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *path])
-        process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
-                                   stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd,), start_new_session=True)
+        # Blocked from its fork on (a child inherits the forking thread's signal mask, across exec too) until
+        # the drain ignores them (drain.py): a job stopped in the drain's first second does not lose it. This
+        # thread blocks them only for the fork; one arriving meanwhile waits, or goes to another thread.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DRAIN_IGNORES)
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
+                                       stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd,), start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         hello = {"options": {**self.options, "offload": False}, "resource": dict(self.resource.attributes),
                  "schema_url": self.resource.schema_url, "pid": os.getpid()}
         assert process.stdin is not None
