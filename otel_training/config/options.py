@@ -91,7 +91,8 @@ OPTIONS: tuple[Option, ...] = (
            "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL. Linux x86-64; "
            "not with `watchdog` or a `stuck_action` yet ([offload.md](offload.md))."),
     Option("offload_ring_mb", _positive(_parse_int, 4096), 16,
-           "Size of the offload ring in MiB (about 80 bytes a span: 16 MiB hold two seconds of 100 000 spans/s)."),
+           "Size of the offload ring in MiB (a step's two records take about 260 bytes: 16 MiB hold six seconds of "
+           "10 000 steps/s while the drain is behind)."),
     # Who is emitting: explicit values override what is detected from the launcher.
     Option("role", _choice("trainer", "agent", "master"), "trainer", "training.role of this process."),
     Option("job_id", _optional(_parse_str), None, "training.job.id (default: from torchrun/Slurm/DLRover)."),

@@ -4,7 +4,7 @@ Why: in-process, every span costs the training process 20-40 µs of CPU (SDK
 span objects, attribute validation, the batch processor, encoding), and the
 threads doing the export, the stuck watcher and the goodput settling hold the
 GIL the training thread needs between its kernels. Offloaded, a span is two
-records of about 80 bytes written to shared memory (``_ring.py``); the drain
+records (about 260 bytes a step) written to shared memory (``_ring.py``); the drain
 process (``drain.py``) replays them through the pipeline the options describe.
 
 The handle behaves as ``Telemetry`` does: ``force_flush`` returns once the
