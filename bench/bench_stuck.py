@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from otel_training import _ring
 from otel_training import StuckEvent, StuckSpanProcessor
 from otel_training.processors.thresholds import AdaptiveSettings, ThresholdLearner
 from otel_training.watchdog.slot import SlotWriter
@@ -97,7 +98,8 @@ def offload_latency(trials: int, threshold_s: float) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="bench-stuck-offload-") as directory:
         telemetry = otel_training.configure(reconfigure=True, exporter="file", output_dir=directory, offload=True,
                                             stuck_threshold_s=threshold_s, stuck_escalation_s=3600,
-                                            signal_hooks=False, exception_hooks=False, metrics=False)
+                                            signal_hooks=False, exception_hooks=False, metrics=False,
+                                            set_global=False)
         trainer = otel_training.TrainerProcess()
         for step in range(trials):
             with trainer.step(global_step=step):
