@@ -230,6 +230,12 @@ def test_a_killed_training_process_still_gets_what_it_wrote_exported(tmp_path: P
     assert any(span["name"] == "user.fails" for span in read_spans(trace_path))
 
 
+def _exported(telemetry: Any) -> list[dict[str, Any]]:
+    """What the drain has exported so far (after a flush): the spans of the trace file, if there is one yet."""
+    telemetry.force_flush(timeout_s=30)
+    return read_spans(telemetry.trace_path) if telemetry.trace_path.exists() else []
+
+
 @pytest.fixture
 def offloaded(configure: Any) -> Any:
     return lambda **options: configure(exporter="file", offload=True, **options)
@@ -270,10 +276,7 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
     trainer = otel_training.TrainerProcess()
 
     def alerts(kind: str) -> list[dict[str, Any]]:
-        telemetry.force_flush(timeout_s=30)
-        if not telemetry.trace_path.exists():  # nothing exported yet
-            return []
-        return [span for span in read_spans(telemetry.trace_path)
+        return [span for span in _exported(telemetry)
                 if span["name"] == sc.SPAN_ALERT and span["attributes"][sc.ALERT_KIND] == kind]
 
     with trainer.step(global_step=7):
@@ -478,11 +481,6 @@ def test_shutdown_reaps_the_drain(offloaded: Any) -> None:
 def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_host_between_them(
         offloaded: Any, fake: Any) -> None:
     telemetry = offloaded(stuck_threshold_s=0.2)
-
-    def spans() -> list[dict[str, Any]]:
-        telemetry.force_flush(timeout_s=30)
-        return read_spans(telemetry.trace_path) if telemetry.trace_path.exists() else []
-
     trainer = otel_training.TrainerProcess()
     with trainer.epoch(epoch=3):
         for index in range(6):
@@ -490,7 +488,7 @@ def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_
                 fake.launch(0.002)
             if index == 3:  # the host outside any step, the device idle: alerted while it lasts
                 assert wait_until(lambda: any(span["name"] == sc.SPAN_ALERT and span["attributes"][
-                    sc.ALERT_SPAN_NAME] == sc.SPAN_BETWEEN_STEPS for span in spans()), timeout_s=30)
+                    sc.ALERT_SPAN_NAME] == sc.SPAN_BETWEEN_STEPS for span in _exported(telemetry)), timeout_s=30)
     telemetry.shutdown(timeout_s=30)
     exported = read_spans(telemetry.trace_path)
     assert sorted(span["attributes"][sc.STEP] for span in exported if span["name"] == sc.SPAN_DEVICE_STEP) == \

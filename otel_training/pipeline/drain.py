@@ -40,8 +40,6 @@ from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, 
 
 from otel_training._contain import log_once
 from otel_training._ring import DRAIN_FIELDS, Ring
-from otel_training.exporters.otlp_json import metrics_file
-from otel_training.pipeline.exporters import metric_exporter
 from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.record_tracer import BEGIN, CLOSE, END, FLUSH, SCOPE
 from otel_training.pipeline.telemetry import Telemetry
@@ -178,11 +176,7 @@ class DrainTelemetry(Telemetry):
     """The pipeline in the drain: the training process's counters stay the training process's to report."""
 
     REPLAYS = True
-
-    def _make_metric_exporter(self, environ: Any) -> Any:
-        if self.exporter_name == "file":  # a file of its own: the training process writes metrics-r<rank>.jsonl
-            self.metrics_path = metrics_file(self.options["output_dir"], self.rank).with_suffix(".drain.jsonl")
-        return metric_exporter(self.exporter_name, environ, self.metrics_path)
+    METRICS_SUFFIX = ".drain.jsonl"  # the training process writes metrics-r<rank>.jsonl
 
     def _register_counters(self) -> None:
         """None here: the training process reports drops, its own and the drain's."""

@@ -78,7 +78,11 @@ def _encode(record: tuple[Any, ...]) -> bytes | None:
     try:
         return marshal.dumps(record)
     except ValueError:
-        pass
+        return _encode_plain(record)
+
+
+def _encode_plain(record: tuple[Any, ...]) -> bytes | None:
+    """``_encode`` once marshal has refused the record as it is."""
     try:
         return marshal.dumps(_plain(record))
     except Exception:  # noqa: BLE001 - never raise into the code that began or ended the span
@@ -271,7 +275,7 @@ class RecordTracer(trace_api.Tracer):
         try:
             payload: bytes | None = marshal.dumps(record)
         except ValueError:
-            payload = _encode(record)
+            payload = _encode_plain(record)
         if payload is not None:  # else its end record reaches the drain alone, which counts it as lost
             provider.emit(payload, True)
         return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,

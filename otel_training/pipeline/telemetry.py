@@ -123,6 +123,7 @@ class Telemetry:
     #: Its spans are another process's, replayed after they began (the offload drain): a stuck detector
     #: times them from their own start, and attaches no stacks (its threads are not the ones stuck).
     REPLAYS = False
+    METRICS_SUFFIX = ".jsonl"  #: of its metrics file, metrics-r<rank><suffix> (the offload drain's is its own)
 
     def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
                  config_error: Exception | None = None, resource: Resource | None = None,
@@ -221,7 +222,7 @@ class Telemetry:
 
     def _make_metric_exporter(self, environ: Mapping[str, str]) -> MetricExporter | None:
         if self.exporter_name == "file":
-            self.metrics_path = metrics_file(self.options["output_dir"], self.rank)
+            self.metrics_path = metrics_file(self.options["output_dir"], self.rank).with_suffix(self.METRICS_SUFFIX)
         return metric_exporter(self.exporter_name, environ, self.metrics_path)
 
     def _register_counters(self) -> None:

@@ -172,7 +172,8 @@ class StuckSpanProcessor(SpanProcessor):
         self._slot_lock = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
         self._wake_at = math.inf
-        self._recovered: deque[StuckEvent] = deque()
+        #: Events whose callbacks are due, run where the scans run (recoveries, and late alerts of replayed spans).
+        self._to_deliver: deque[StuckEvent] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._actions.reset()
@@ -244,13 +245,13 @@ class StuckSpanProcessor(SpanProcessor):
                 # Replayed too late to be caught open (the drain starting, or behind): it was stuck all
                 # the same, so it gets its alert now, and its recovery below.
                 entry.count = 1
-                self._recovered.append(self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context,
+                self._to_deliver.append(self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context,
                                                        entry.threshold, 1, elapsed, None))
             if entry.count:
                 # The alert span is ended here, so it is queued before the stuck span's own export
                 # and a shutdown right after cannot lose it; callbacks and the flush are left to
                 # the watcher and flusher threads, so nothing waits here.
-                self._recovered.append(self._sink.emit(sc.ALERT_KIND_RECOVERED, entry.span, entry.parent_context,
+                self._to_deliver.append(self._sink.emit(sc.ALERT_KIND_RECOVERED, entry.span, entry.parent_context,
                                                        entry.threshold, entry.count, elapsed, None))
                 with self._cond:
                     self._cond.notify()
@@ -281,12 +282,12 @@ class StuckSpanProcessor(SpanProcessor):
     def _handle(self, due: list[_Watched], now: float) -> None:
         for entry in due:
             guarded(self._stuck, entry, now)
-        self._deliver_recovered()
+        self._deliver_events()
         self._actions.request_flush()
 
-    def _deliver_recovered(self) -> None:
-        while self._recovered:
-            self._call_back(self._recovered.popleft())
+    def _deliver_events(self) -> None:
+        while self._to_deliver:
+            self._call_back(self._to_deliver.popleft())
 
     def tick(self, now: float | None = None) -> int:
         """One scan on the caller's thread (at ``now`` on the injected clock): alert what is due.
@@ -297,7 +298,7 @@ class StuckSpanProcessor(SpanProcessor):
         now = self._clock() if now is None else now
         with self._cond:
             due, _ = self._scan(now)
-        if due or self._recovered:
+        if due or self._to_deliver:
             self._handle(due, now)
         return len(due)
 
@@ -313,14 +314,14 @@ class StuckSpanProcessor(SpanProcessor):
                     self._wake_at = math.inf  # anything started while scanning notifies
                     now = self._clock()
                     due, earliest = self._scan(now)
-                    if due or self._recovered:
+                    if due or self._to_deliver:
                         break
                     self._wake_at = earliest
                     cond.wait(min(earliest - now, _MAX_WAIT_S))
             if stopping:
                 # Recoveries that ended before the stop still reach the callbacks (their alert
                 # spans were emitted when the spans ended).
-                self._deliver_recovered()
+                self._deliver_events()
                 return
             self._handle(due, now)
 
