@@ -120,6 +120,24 @@ def _private_otel_uses(path: Path) -> list[str]:
     return found
 
 
+def test_the_fast_instrumentation_check_reads_contribs_suppression_keys() -> None:
+    from opentelemetry import context as context_api
+    from opentelemetry.instrumentation.utils import is_instrumentation_enabled, suppress_instrumentation
+
+    enabled = _sdk_compat.instrumentation_check()
+    assert enabled is not is_instrumentation_enabled  # the fast one, not the fallback
+    assert enabled() is is_instrumentation_enabled() is True
+    with suppress_instrumentation():
+        assert enabled() is is_instrumentation_enabled() is False
+    # the plain-string key older instrumentations set
+    token = context_api.attach(context_api.set_value("suppress_instrumentation", True))
+    try:
+        assert enabled() is is_instrumentation_enabled() is False
+    finally:
+        context_api.detach(token)
+    assert enabled() is True
+
+
 def test_no_module_but_sdk_compat_reaches_into_opentelemetry_internals() -> None:
     uses = [use for path in sorted(PACKAGE.rglob("*.py")) if path.name != "_sdk_compat.py"
             for use in _private_otel_uses(path)]

@@ -178,6 +178,13 @@ class Duration:
         self._segment.end()  # type: ignore[union-attr]
 
     # -- outcome ------------------------------------------------------------
+    def _set_valid(self, attributes: dict[str, Any]) -> None:
+        """``extra_args`` for attributes already valid (an integration's counts): nothing to convert."""
+        if self._span is None:
+            self._attributes.update(attributes)
+        else:
+            self._span.set_attributes(attributes)
+
     @contained(default=None)
     def extra_args(self, **content: Any) -> Duration:
         """Add content (attributes) before or during the span."""

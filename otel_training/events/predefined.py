@@ -79,6 +79,10 @@ class TrainerProcess(Process):
         return StepDuration(self, sc.SPAN_STEP, content, event_name="#step",
                             attributes=None if global_step is None else {sc.STEP: global_step})
 
+    def _step(self, attributes: dict[str, Any]) -> StepDuration:
+        """A step whose attributes are valid as they are (an integration's own): nothing to convert."""
+        return StepDuration(self, sc.SPAN_STEP, None, event_name="#step", attributes=attributes)
+
     def substep(self, substep: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_SUBSTEP, "#substep", _given(**{sc.SUBSTEP: substep}), content)
 

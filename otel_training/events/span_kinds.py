@@ -57,11 +57,13 @@ class StepDuration(Duration):
                 log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
                          "device; training continues")
 
-    def _begin_step(self, awaiting_input: bool) -> Duration:
-        step = timeline = rt = None
+    def _begin_step(self, awaiting_input: bool, rt: EventsRuntime | None = None) -> Duration:
+        """``rt``: the runtime, when the caller has just looked it up."""
+        step = timeline = None
         if self._span is None:
             try:
-                rt = self._process.events_runtime()
+                if rt is None:
+                    rt = self._process.events_runtime()
                 timeline = rt.device
                 if timeline is None and device_probe.may_probe():
                     timeline = device_probe.probe(rt)

@@ -30,12 +30,14 @@ from typing import Any
 
 import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from opentelemetry.instrumentation.utils import unwrap
 
 from otel_training._contain import call_contained, log_once
+from otel_training._sdk_compat import instrumentation_check
 
 _DATALOADER_ITER = "torch.utils.data.dataloader"
 _DCP = "torch.distributed.checkpoint"
+_instrumentation_enabled = instrumentation_check()
 
 
 class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -149,7 +151,7 @@ def suspend_steps() -> Callable[[], None]:
 def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     """Inside ``suppress_instrumentation()`` the patched function runs as if it were not patched."""
     def gated(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        if not is_instrumentation_enabled():
+        if not _instrumentation_enabled():
             return wrapped(*args, **kwargs)
         return wrapper(wrapped, instance, args, kwargs)
 

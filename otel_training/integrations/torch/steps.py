@@ -44,15 +44,16 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training._sdk_compat import instrumentation_check
 from otel_training.pipeline.configure import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
@@ -68,6 +69,8 @@ DATA_WAIT_SPAN_MIN_NS = 1_000_000
 Token = tuple[Duration, "contextvars.Context | None"]
 #: ``claim(rank, world_size) -> bool``: configure a dormant process that began training.
 Claim = Callable[[Any, Any], bool]
+#: Whether the current context allows recording (not inside ``suppress_instrumentation()``).
+instrumentation_enabled = instrumentation_check()
 
 
 class StepTracker:
@@ -93,6 +96,9 @@ class StepTracker:
         self._telemetry: Any = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
+        #: The DataLoader iterator last fetched from (weakly: it owns worker processes) and its length.
+        self._iterator: Callable[[], Any] = _dead
+        self._length: int | None = None
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
         self._reset()
@@ -137,7 +143,7 @@ class StepTracker:
 
     # -- ownership ----------------------------------------------------------
     def _records_here(self) -> bool:
-        if self.suspended or (self.dormant and self._still_dormant()) or not is_instrumentation_enabled():
+        if self.suspended or (self.dormant and self._still_dormant()) or not instrumentation_enabled():
             return False
         ident = threading.get_ident()
         if self._owner is None:
@@ -157,9 +163,9 @@ class StepTracker:
         if rt.telemetry is not self._telemetry:
             self._telemetry = rt.telemetry
             rt.telemetry.on_shutdown(self.close)
-        step = self.trainer.step(global_step=self._number, **{sc.INSTRUMENTATION_SOURCE: SOURCE})
+        step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
         ctx = contextvars.copy_context()
-        ctx.run(step.begin_awaiting_input if awaiting_input else step.begin)
+        ctx.run(step._begin_step, awaiting_input, rt)
         self._start_ns = time.time_ns()
         self._step, self._ctx = step, ctx
         self._awaiting_input = awaiting_input
@@ -174,7 +180,7 @@ class StepTracker:
         if self._complete and self._expected is None:
             self._expected = frozenset(self._stepped)
         substeps = len(self._backward_ends)
-        step.extra_args(**{
+        step._set_valid({
             sc.STEP_SUBSTEPS: substeps,
             sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
             sc.STEP_SKIPPED: self._optimizer_steps == 0,
@@ -230,7 +236,7 @@ class StepTracker:
         """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
         if self.dormant and self._still_dormant():
             return None
-        exhausted = _exhausted(iterator)
+        exhausted = self._exhausted(iterator)
         if self._records_here():
             self._boundary(fetch=True)
             if self._step is None and torch.is_grad_enabled() and not exhausted:
@@ -357,11 +363,29 @@ class StepTracker:
             self.collectives.close()
 
 
-def _exhausted(iterator: Any) -> bool:
-    """True when a sized DataLoader iterator has nothing left (the fetch will raise StopIteration)."""
-    try:
-        return iterator._num_yielded >= len(iterator)
-    except Exception:  # noqa: BLE001 - iterable datasets have no length
-        return False
+    def _exhausted(self, iterator: Any) -> bool:
+        """True when a sized DataLoader iterator has nothing left (the fetch will raise StopIteration).
+
+        Its length is asked once per iterator: ``len()`` goes through the sampler's Python
+        ``__len__`` methods, several calls a step.
+        """
+        if self._iterator() is not iterator:
+            try:
+                self._length = len(iterator)
+            except Exception:  # noqa: BLE001 - iterable datasets have no length
+                self._length = None
+            try:
+                self._iterator = weakref.ref(iterator)
+            except TypeError:  # no weak references: ask every time
+                self._iterator = _dead
+        try:
+            return self._length is not None and iterator._num_yielded >= self._length
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def _dead() -> None:
+    """A weak reference to nothing."""
+    return None
 
 
