@@ -129,7 +129,8 @@ class Timeline:
                 # Another training loop followed (a device step ending after train does not say so:
                 # the device finishes what the host launched before the loop ended).
                 self.train_end_ns = None
-        start_ns = max(start_ns, self.folded_until)  # time already folded is settled
+        if start_ns < self.folded_until:  # time already folded is settled
+            start_ns = self.folded_until
         if end_ns > start_ns:
             self._pending.append((start_ns, end_ns, _PRIORITY[label]))
 
@@ -173,11 +174,14 @@ class Timeline:
                 cursor = time_ns
             if delta > 0:
                 counts[priority] += 1
-                top = max(top, priority)
+                if priority > top:
+                    top = priority
             elif delta:
                 counts[priority] -= 1
                 if priority == top and not counts[priority]:
-                    top = next((p for p in range(priority - 1, 0, -1) if counts[p]), 0)
+                    top = priority - 1  # the next label down still covering, if any
+                    while top and not counts[top]:
+                        top -= 1
         while len(found) < len(marks):  # after the last boundary nothing covers time: none is productive
             found.append(self._productive_at(marks[len(found)], cursor, 0))
         if until_ns > cursor:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from otel_training import semconv as sc
 from otel_training.analysis.badput import (
     BUCKETS,
+    LABELLED_SPAN_NAMES,
     PRODUCTIVE,
     STEP_SPAN_NAMES,
     Timeline,
@@ -44,6 +45,14 @@ def normalize_span_id(value: object) -> str:
         return format(value, "016x")
     text = str(value or "").strip().lower()
     return text[2:] if text.startswith("0x") else text
+
+
+#: ``timeline_label`` of every labelled span name, without and with evaluation counted as productive.
+_LABELS: dict[bool, dict[str, str]] = {
+    productive: {name: label for name in LABELLED_SPAN_NAMES
+                 if (label := timeline_label(name, productive)) is not None}  # type: ignore[misc]
+    for productive in (False, True)
+}
 
 
 class RunAccountant:
@@ -63,16 +72,19 @@ class RunAccountant:
         self.first_step: tuple[int, int] | None = None
         #: The checkpoint step this run restored (its first completed ``training.load_checkpoint``).
         self.restored_step: int | None = None
+        #: A span name's timeline label (a report feeds millions of spans: one lookup each).
+        self._labels = _LABELS[evaluation_is_productive]
 
     def add(self, record: SpanRecord) -> None:
         name = record.name
         if name == sc.SPAN_ALERT:
             self._alert(record)
             return
-        label = timeline_label(name, self.evaluation_is_productive)
+        label = self._labels.get(name)
         if label is not None:
-            self.timeline.add(label, record.start_ns, record.end_ns, is_step=name in STEP_SPAN_NAMES)
-            if name in STEP_SPAN_NAMES and times_step(name, record.attributes) and (
+            is_step = name in STEP_SPAN_NAMES
+            self.timeline.add(label, record.start_ns, record.end_ns, is_step=is_step)
+            if is_step and times_step(name, record.attributes) and (
                     self.first_step is None or record.start_ns < self.first_step[0]):
                 self.first_step = (record.start_ns, record.end_ns - record.start_ns)
         elif name == sc.SPAN_TRAIN:

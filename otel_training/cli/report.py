@@ -78,9 +78,11 @@ def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None
     """Summary of the traces under ``paths`` (of one job, if given), and the HTML report's path if written."""
     from otel_training.report import render_html, render_summary
     from otel_training.report.files import report_files
+    from otel_training.report.html import prepare_plots
 
-    report = report_files(paths, job_id=job_id, progress=False)
-    if not html_available():
+    html = html_available()
+    report = report_files(paths, job_id=job_id, progress=False, meanwhile=prepare_plots if html else None)
+    if not html:
         return render_summary(report), None
     html_path.parent.mkdir(parents=True, exist_ok=True)
     html_path.write_text(render_html(report), encoding="utf-8")
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         write_chrome_trace,
     )
     from otel_training.report.files import report_files
+    from otel_training.report.html import prepare_plots
     from otel_training.report.reader import stream_records
 
     options: dict[str, Any] = {
@@ -119,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Files are streamed: per-rank aggregates in memory, not the spans (docs/report.md).
         paths = args.paths or ["./otel-traces"]
-        report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers, **options)
+        html = not args.no_html and html_available()
+        report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers,
+                              meanwhile=prepare_plots if html else None, **options)
     print(render_summary(report))
     if not report.span_count:
         print("otel-training report: no spans to report on", file=sys.stderr)

@@ -113,7 +113,7 @@ class StepColumns:
 
     def add(self, start_ns: int, end_ns: int, step: object, restart: int) -> None:
         self.starts.append(start_ns)
-        self.durations.append(max(0, end_ns - start_ns) / 1e9)
+        self.durations.append((end_ns - start_ns) / 1e9 if end_ns > start_ns else 0.0)
         number = int_value(step)
         self.numbers.append(NO_STEP if number is None or not -(2**63) < number < 2**63 else number)
         self.restarts.append(restart)
@@ -251,8 +251,9 @@ class Part:
     data_wait_s: float = 0.0
 
     def data_wait(self, value: object) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            self.data_wait_s += value
+        if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            if value > 0:  # type: ignore[operator]
+                self.data_wait_s += value  # type: ignore[operator]
 
     def span(self, start_ns: int, end_ns: int) -> None:
         self.span_count += 1

@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -127,11 +127,15 @@ def _content_duplicates(files: list[Path]) -> dict[Path, Path]:
 
 
 def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *, progress: bool | None = None,
-               workers: int | None = None) -> tuple[list[tuple[Part, list[Problem]]], Any]:
+               workers: int | None = None, meanwhile: Callable[[], None] | None = None,
+               ) -> tuple[list[tuple[Part, list[Problem]]], Any]:
     """Each file's part and problems, in the order of ``files``; several files are read by several processes.
 
     Each part's timeline intervals are merged into ``intervals`` as it arrives (a thousand files'
-    worth would be the largest thing held), the rest of it kept.
+    worth would be the largest thing held), the rest of it kept. ``meanwhile``: work for this
+    process while the workers read (the HTML page's plotting library is imported there: a
+    third of a second, otherwise added to the report's time); run after the files when there
+    are no workers.
     """
     total = sum(_size(path) for path in files)
     bar = _progress_bar(total, progress)
@@ -144,6 +148,8 @@ def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *,
                 results[index] = _keep(digest_file(
                     path, window=options.window, job_id=options.job_id,
                     evaluation_is_productive=options.evaluation_is_productive, progress=bar), intervals)
+            if meanwhile is not None:
+                meanwhile()
             return results, bar
         context = get_context("fork" if "fork" in _methods() else "spawn")
         queue = context.Queue() if bar is not None else None
@@ -153,7 +159,10 @@ def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *,
         # The largest files first, so that no worker is left with the largest at the end.
         jobs.sort(key=lambda job: -_size(job[1]))
         with context.Pool(workers, initializer=_init_worker, initargs=(queue,)) as pool:
-            for index, part, problems in pool.imap_unordered(_digest, jobs, chunksize=1):
+            parts = pool.imap_unordered(_digest, jobs, chunksize=1)
+            if meanwhile is not None:  # the workers are forked and reading: no import runs across a fork
+                meanwhile()
+            for index, part, problems in parts:
                 results[index] = _keep((part, problems), intervals)
         if queue is not None:
             queue.put(None)
@@ -193,8 +202,10 @@ def report_files(
     straggler_window: int = WINDOW,
     progress: bool | None = None,
     workers: int | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> JobReport:
-    """The report of the OTLP JSON trace files under ``paths``, streamed (``progress``: as ``read_paths``)."""
+    """The report of the OTLP JSON trace files under ``paths``, streamed (``progress``: as ``read_paths``;
+    ``meanwhile``: as ``read_parts``)."""
     files, problems = find_trace_files(paths)
     unique: dict[Path, Path] = {}
     for path in files:  # a file named twice (itself and its directory, ./a and a) is read once
@@ -204,7 +215,7 @@ def report_files(
     options = Options(straggler_window, evaluation_is_productive, job_id)
     read = [path for path in files if path not in copies]
     part = Part()
-    results, _ = read_parts(read, options, part.intervals, progress=progress, workers=workers)
+    results, _ = read_parts(read, options, part.intervals, progress=progress, workers=workers, meanwhile=meanwhile)
     owners: dict[int, list[Path]] = {}
     for path, (file_part, file_problems) in zip(read, results):
         problems.extend(file_problems)

@@ -53,6 +53,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def prepare_plots() -> None:
+    """Import the plotting library ahead of ``render_html`` (for the reader to run while its workers read)."""
+    try:
+        _pyplot()
+    except ImportError:  # render_html will say what is missing
+        pass
+
+
 def _svg(figure: Any) -> str:
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", bbox_inches="tight")

@@ -131,7 +131,8 @@ class _Run:
         end = record.end_ns
         self.buffer.append((end, self.seq, record))
         self.seq += 1
-        self.pushed_end = max(self.pushed_end, end)
+        if end > self.pushed_end:
+            self.pushed_end = end
         if len(self.buffer) >= SETTLE_EVERY:
             self.settle(final=False)
 
@@ -306,6 +307,17 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
             labelled: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
             for name, start, end, span_id, error, values in spans:
                 label = labels.get(name)
+                if label is None and values is None and name not in accounted:
+                    # Most spans of a job (substeps, phases, the user's own) only count, unless a stuck
+                    # alert watched their name.
+                    if run is not None:
+                        if error:
+                            run.failed_itself = True
+                        if name in run.watched_names:
+                            run.push(SpanRecord(name, start, end, key, {}, "", span_id, "", error, service, role))
+                        else:
+                            run.skipped_names.add(name)
+                    continue
                 if label is not None:
                     labelled[label].append((start, end))
                 if name == alert_name:
@@ -321,7 +333,7 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     part.data_wait(values.get(sc.STEP_DATA_WAIT_S))
                 if values is not None and (name == device_step or (name == step and not values.get(device_timed))):
                     steps[rank].add(start, end, values.get(sc.STEP), restart)
-                    run.durations.append(max(0, end - start) / 1e9)
+                    run.durations.append((end - start) / 1e9 if end > start else 0.0)
                 if name in accounted or name in run.watched_names:
                     run.push(SpanRecord(name, start, end, key, values or {}, "", span_id, "", error, service, role))
                 else:
