@@ -94,19 +94,22 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     page holds: many ranks' long segments), the page doubles. ``lookback_s``
     bounds the range (default: Jaeger's own lookback, two days for Jaeger v2).
     A job cut short by ``limit`` or by an unreadable page is reported as a
-    problem, never as a silently smaller report.
+    problem, never as a silently smaller report. Each page is turned into
+    records as it arrives: Jaeger's JSON (every tag a dict, the process of
+    every trace) is several times the size of what the report keeps.
     """
     import time
 
     end_us = int((time.time() if now_s is None else now_s) * 1e6)
     start_us = None if lookback_s is None else end_us - int(lookback_s * 1e6)
     seen: set[str] = set()
-    traces: list[dict[str, Any]] = []
+    traces = 0
+    records: list[SpanRecord] = []
     problems: list[Problem] = []
     page_end: int | None = None
     page = max(1, page_traces)
     address = ""
-    while len(traces) < limit:
+    while traces < limit:
         query: dict[str, Any] = {"service": service, "limit": min(page, limit)}
         if start_us is not None:
             query["start"] = start_us
@@ -122,7 +125,9 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
         answer = payload.get("data") or []
         fresh = [trace for trace in answer if trace.get("traceID") not in seen]
         seen.update(trace.get("traceID") for trace in fresh)
-        traces += fresh[: limit - len(traces)]
+        fresh = fresh[: limit - traces]
+        traces += len(fresh)
+        records += records_from_jaeger({"data": fresh})
         if len(answer) < query["limit"]:
             break  # the range is exhausted
         placed = [start for start in (_latest_start_us(trace, service) for trace in answer) if start is not None]
@@ -140,7 +145,6 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     else:
         problems.append(Problem(address, None, f"stopped at {limit} traces (the limit): older traces of service "
                                                f"{service!r} in the range may not have been read"))
-    records = records_from_jaeger({"data": traces})
     if not records:
         problems.append(Problem(address, None, f"no spans for service {service!r}"))
     return records, problems
