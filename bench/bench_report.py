@@ -7,8 +7,9 @@ subprocess under ``/usr/bin/time -v`` (the terminal summary alone, then with
 the HTML page), and prints side by side: seconds, seconds per million spans,
 the peak RSS ``time -v`` reports (its largest process), and the peak of the
 whole process tree (parent and workers, sampled every 0.1 s). The code before
-the streaming report (the merge base with main, or ``--old-ref``) runs on the
-smallest size only: it holds every span, and 10M would need over 10 GB.
+the streaming report (``BEFORE_STREAMING``, the last commit whose report held
+every span, or ``--old-ref``) runs on the smallest size only: it holds every
+span, and 10M would need over 10 GB.
 
 Usage:
     .venv/bin/python bench/bench_report.py [--sizes 1M,10M,50M] [--ranks 8,100,1000] [--restarts 1]
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_job import generate
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The parent of the commit that made the report stream (3d5eb3b): the report that held every span.
+BEFORE_STREAMING = "3d5eb3b^"
 
 
 def _count(text: str) -> int:
@@ -101,14 +104,14 @@ def main() -> int:
     parser.add_argument("--html-up-to", default="10M", help="also time the HTML page up to this size")
     parser.add_argument("--before-up-to", default="1M",
                         help="run the code before up to this size (it holds every span: ~0.9 GB a million)")
-    parser.add_argument("--old-ref", default=None, help="git ref of the code to compare (default: merge base with main)")
+    parser.add_argument("--old-ref", default=BEFORE_STREAMING,
+                        help="git ref of the code to compare (default: %(default)s, the report before it streamed)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench-report")
     parser.add_argument("--keep", action="store_true", help="keep the generated traces")
     args = parser.parse_args()
     sizes = [_count(size) for size in args.sizes.split(",")]
     ranks = [int(rank) for rank in args.ranks.split(",")]
-    ref = args.old_ref or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
-                                         capture_output=True, text=True).stdout.strip()
+    ref = args.old_ref
     args.dir.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[int, int, str, str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-report-code-") as scratch:
