@@ -17,7 +17,9 @@ import pytest
 from otel_training import semconv as sc
 from otel_training.report import Problem, build_report, read_paths, render_html, render_summary, write_chrome_trace
 from otel_training.report import reader
-from otel_training.report.jaeger import fetch
+from otel_training.report import jaeger as jaeger_module
+from otel_training.report.files import report_files
+from otel_training.report.jaeger import fetch, spool
 
 import goodput_traces as crafted
 
@@ -185,6 +187,86 @@ def test_jaeger_query_api_gives_the_same_figures(jaeger_api: tuple[str, list[str
     assert problems == []
     assert requests == ["/api/traces?service=crafted&limit=50"]
     _check_crafted(build_report(records, problems))
+
+
+@pytest.fixture
+def paging_jaeger() -> Iterator[tuple[str, list[str]]]:
+    """Jaeger's search as it pages: every crafted span its own trace, the ``limit`` traces whose latest
+    start is latest up to ``end`` (inclusive), newest first. So pages go back in time."""
+    traces = []
+    for trace in _jaeger_payload()["data"]:
+        for index, span in enumerate(trace["spans"]):
+            trace_id = f"{trace['traceID'][:28]}{index:04x}"
+            traces.append({"traceID": trace_id, "processes": trace["processes"],
+                           "spans": [{**span, "traceID": trace_id}]})
+    traces.sort(key=lambda trace: -trace["spans"][0]["startTime"])
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            requests.append(self.path)
+            query = dict(item.split("=", 1) for item in self.path.split("?", 1)[1].split("&"))
+            end = int(query.get("end", 2**62))
+            answer = [trace for trace in traces if trace["spans"][0]["startTime"] <= end and
+                      query["service"] == "crafted"][:int(query["limit"])]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps({"data": answer, "errors": None}).encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_jaeger_spooled_page_by_page_is_read_as_a_stream_with_the_same_figures(
+        paging_jaeger: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``report --jaeger`` spools the pages (newest first) into one file in end order and streams it:
+    the figures of the records held in memory, from a file the streamed reader did not recompute."""
+    url, requests = paging_jaeger
+    records, problems = fetch(url, "crafted", page_traces=4)
+    assert problems == [] and len(records) == len(crafted.SPANS)
+    pages = len(requests)
+    assert pages > 8  # many pages, each older than the one before
+    monkeypatch.setattr(jaeger_module, "MERGE_FAN_IN", 3)  # page files merged in rounds, too
+    spooled, spool_problems = spool(url, "crafted", tmp_path, page_traces=4)
+    assert spool_problems == [] and spooled is not None
+    assert [path.name for path in tmp_path.iterdir()] == [spooled.name]  # the page files are gone
+    ends: dict[str, list[int]] = {}
+    for line in spooled.read_text().splitlines():
+        for resource_spans in json.loads(line)["resourceSpans"]:
+            resource = json.dumps(resource_spans["resource"])
+            ends.setdefault(resource, []).extend(
+                int(span["endTimeUnixNano"]) for scope in resource_spans["scopeSpans"] for span in scope["spans"])
+    assert len(ends) == 4 and sum(map(len, ends.values())) == len(crafted.SPANS)  # 4 lives
+    assert all(run == sorted(run) for run in ends.values())  # in the order they ended, each life
+    recomputed: list[Any] = []
+    monkeypatch.setattr("otel_training.report.files._recompute", lambda *args: recomputed.append(args))
+    streamed = report_files([spooled], workers=1, progress=False)
+    assert recomputed == []
+    _check_crafted(streamed)
+    assert render_summary(streamed) == render_summary(build_report(records, problems))
+
+
+def test_report_cli_from_jaeger_summary_html_and_chrome(paging_jaeger: tuple[str, list[str]], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from otel_training.cli.main import main
+
+    url, _ = paging_jaeger
+    chrome = tmp_path / "chrome.json"
+    assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--no-progress",
+                 "--chrome", str(chrome)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(crafted.SPANS)} spans, 2 rank(s)" in out, out
+    assert len(json.loads(chrome.read_text())["traceEvents"]) >= len(crafted.SPANS)
+    assert main(["report", "--jaeger", url, "--service", "nobody", "--no-html"]) == 1
+    assert "no spans for service 'nobody'" in capsys.readouterr().out
 
 
 def test_jaeger_unreachable_is_a_problem_not_a_crash() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +92,9 @@ def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None
 
 def run(args: argparse.Namespace) -> int:
     from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
-    from otel_training.report import (
-        build_report,
-        render_html,
-        render_summary,
-        write_chrome_trace,
-    )
+    from otel_training.report import build_report
     from otel_training.report.files import report_files
     from otel_training.report.html import prepare_plots
-    from otel_training.report.reader import stream_records
 
     options: dict[str, Any] = {
         "evaluation_is_productive": args.evaluation_is_productive,
@@ -107,38 +102,50 @@ def run(args: argparse.Namespace) -> int:
         "straggler_threshold": DEFAULT_THRESHOLD if args.straggler_threshold is None else args.straggler_threshold,
         "straggler_window": WINDOW if args.straggler_window is None else args.straggler_window,
     }
-    records = None
+    html = not args.no_html and html_available()
     if args.jaeger:
         if not args.service:
             print("otel-training report: --jaeger needs --service NAME", file=sys.stderr)
             return 2
-        from otel_training.report.jaeger import fetch
+        from otel_training.report.jaeger import spool
 
-        records, problems = fetch(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback)
-        paths: list[str] = []
-        if args.job:
-            records = [record for record in records if record.run.job_id == args.job]
-        report = build_report(records, problems, **options)
-    else:
-        # Files are streamed: per-rank aggregates in memory, not the spans (docs/report.md).
-        paths = args.paths or ["./otel-traces"]
-        html = not args.no_html and html_available()
-        report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers,
-                              meanwhile=prepare_plots if html else None, **options)
+        # Jaeger's pages go to one OTLP JSON file in end order, read as files are: bounded memory.
+        with tempfile.TemporaryDirectory(prefix="otel-training-jaeger-") as scratch:
+            spooled, problems = spool(args.jaeger, args.service, Path(scratch), limit=args.limit,
+                                      lookback_s=args.lookback)
+            if spooled is None:
+                report = build_report([], problems, **options)
+            else:
+                report = report_files([spooled], job_id=args.job, progress=args.progress, workers=1,
+                                      meanwhile=prepare_plots if html else None, **options)
+                report.problems[:0] = problems
+            return _write(args, report, [], [spooled] if spooled is not None else [], html)
+    # Files are streamed: per-rank aggregates in memory, not the spans (docs/report.md).
+    paths = args.paths or ["./otel-traces"]
+    report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers,
+                          meanwhile=prepare_plots if html else None, **options)
+    return _write(args, report, paths, paths, html)
+
+
+def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: list[Any], html: bool) -> int:
+    """Print the summary, write the HTML page and the Chrome trace (of the spans in ``spans_from``)."""
+    from otel_training.report import render_html, render_summary, write_chrome_trace
+    from otel_training.report.reader import stream_records
+
     print(render_summary(report))
     if not report.span_count:
         print("otel-training report: no spans to report on", file=sys.stderr)
         return 1
-    if not args.no_html and not html_available():
+    if not args.no_html and not html:
         print(f"otel-training report: {HTML_NEEDS}; use --no-html to silence this", file=sys.stderr)
-    elif not args.no_html:
+    elif html:
         html_path = Path(args.html) if args.html else default_html_path(paths)
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(render_html(report), encoding="utf-8")
         print(f"html report: {html_path.resolve()}")
     if args.chrome:
-        spans = records if records is not None else (
-            record for record in stream_records(paths) if args.job is None or record.run.job_id == args.job)
+        spans = (record for record in stream_records(spans_from) if args.job is None or record.run.job_id == args.job)
         count = write_chrome_trace(spans, args.chrome)
         print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)")
+    return 0
     return 0

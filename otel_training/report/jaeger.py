@@ -1,17 +1,22 @@
 """Pulling a job's spans from Jaeger's query API instead of files.
 
 ``GET {url}/api/traces?service=S`` returns whole traces with each span's
-process (the OTel resource, as tags); that is mapped to the same records the
-file reader produces. Standard library only: the report needs no HTTP client
-beyond what Python ships.
+process (the OTel resource, as tags). ``fetch`` maps them to the same records
+the file reader produces, in memory; ``spool`` writes them, a page at a time,
+as one OTLP JSON file in the order spans ended, which the streamed reader
+reads in bounded memory like any trace file. Standard library only: the
+report needs no HTTP client beyond what Python ships.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from otel_training import semconv as sc
@@ -35,7 +40,11 @@ def _tags(tags: list[dict[str, Any]] | None) -> dict[str, Any]:
 
 def records_from_jaeger(payload: dict[str, Any]) -> list[SpanRecord]:
     """The spans of a ``/api/traces`` response."""
-    records = []
+    return [record for _, record in _spans(payload)]
+
+
+def _spans(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], SpanRecord]]:
+    """(the span's resource, its record) for each span of a ``/api/traces`` response."""
     for trace in payload.get("data") or ():
         processes = {pid: (process.get("serviceName", ""), _tags(process.get("tags")))
                      for pid, process in (trace.get("processes") or {}).items()}
@@ -47,13 +56,12 @@ def records_from_jaeger(payload: dict[str, Any]) -> list[SpanRecord]:
             parent = next((ref.get("spanID", "") for ref in span.get("references") or ()
                            if ref.get("refType") == "CHILD_OF"), "")
             start = int(span["startTime"]) * _MICRO
-            records.append(SpanRecord(
+            yield resource, SpanRecord(
                 name=span["operationName"], start_ns=start, end_ns=start + int(span.get("duration", 0)) * _MICRO,
                 run=RunKey.from_resource(resource), attributes=tags, trace_id=span.get("traceID", ""),
                 span_id=span.get("spanID", ""), parent_id=parent, error=error, service=service,
                 role=str(resource.get(sc.TRAINING_ROLE, sc.ROLE_TRAINER)),
-            ))
-    return records
+            )
 
 
 #: Traces per request at first: Jaeger's own default page (the UI's search limit).
@@ -79,11 +87,9 @@ def _get(address: str, timeout_s: float) -> tuple[dict[str, Any] | None, Problem
         return None, Problem(address, None, f"not a Jaeger JSON answer: {error}")
 
 
-def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | None = None,
-          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES,
-          now_s: float | None = None) -> tuple[list[SpanRecord], list[Problem]]:
-    """Spans of up to ``limit`` traces of ``service`` from the Jaeger query API at ``url``;
-    problems instead of exceptions.
+def _pages(url: str, service: str, problems: list[Problem], *, limit: int, lookback_s: float | None,
+           timeout_s: float, page_traces: int, now_s: float | None) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(address, traces not seen before) for each page of Jaeger's answer; problems appended as found.
 
     Jaeger's search has no offset: it answers the traces whose latest span of
     the service (up to the query's end) started last. So pages go back in
@@ -94,9 +100,7 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     page holds: many ranks' long segments), the page doubles. ``lookback_s``
     bounds the range (default: Jaeger's own lookback, two days for Jaeger v2).
     A job cut short by ``limit`` or by an unreadable page is reported as a
-    problem, never as a silently smaller report. Each page is turned into
-    records as it arrives: Jaeger's JSON (every tag a dict, the process of
-    every trace) is several times the size of what the report keeps.
+    problem, never as a silently smaller report.
     """
     import time
 
@@ -104,11 +108,9 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     start_us = None if lookback_s is None else end_us - int(lookback_s * 1e6)
     seen: set[str] = set()
     traces = 0
-    records: list[SpanRecord] = []
-    problems: list[Problem] = []
     page_end: int | None = None
     page = max(1, page_traces)
-    address = ""
+    address = url
     while traces < limit:
         query: dict[str, Any] = {"service": service, "limit": min(page, limit)}
         if start_us is not None:
@@ -119,7 +121,7 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
         payload, problem = _get(address, timeout_s)
         if problem is not None:
             problems.append(problem)
-            break
+            return
         assert payload is not None
         problems += [Problem(address, None, f"Jaeger error: {item.get('msg', item)}") for item in payload.get("errors") or ()]
         answer = payload.get("data") or []
@@ -127,24 +129,151 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
         seen.update(trace.get("traceID") for trace in fresh)
         fresh = fresh[: limit - traces]
         traces += len(fresh)
-        records += records_from_jaeger({"data": fresh})
+        if fresh:
+            yield address, fresh
         if len(answer) < query["limit"]:
-            break  # the range is exhausted
+            return  # the range is exhausted
         placed = [start for start in (_latest_start_us(trace, service) for trace in answer) if start is not None]
         if not placed:
             problems.append(Problem(address, None, f"a full page of traces without a span of service {service!r}"))
-            break
+            return
         if not fresh:
             if query["limit"] >= limit:
                 problems.append(Problem(address, None, f"more than {query['limit']} traces overlap at "
                                                        f"{min(placed)} µs: raise the limit to read them all"))
-                break
+                return
             page *= 2
             continue
         page_end = min(placed)
-    else:
-        problems.append(Problem(address, None, f"stopped at {limit} traces (the limit): older traces of service "
-                                               f"{service!r} in the range may not have been read"))
+    problems.append(Problem(address, None, f"stopped at {limit} traces (the limit): older traces of service "
+                                           f"{service!r} in the range may not have been read"))
+
+
+def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | None = None,
+          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES,
+          now_s: float | None = None) -> tuple[list[SpanRecord], list[Problem]]:
+    """Spans of up to ``limit`` traces of ``service`` from the Jaeger query API at ``url``, in memory;
+    problems instead of exceptions (paging: ``_pages``).
+
+    Each page is turned into records as it arrives: Jaeger's JSON (every tag a
+    dict, the process of every trace) is several times the size of a record.
+    """
+    problems: list[Problem] = []
+    records: list[SpanRecord] = []
+    address = url
+    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,
+                                  page_traces=page_traces, now_s=now_s):
+        records += records_from_jaeger({"data": traces})
     if not records:
         problems.append(Problem(address, None, f"no spans for service {service!r}"))
     return records, problems
+
+
+#: Spans per line of a spooled file (the batch span processor's export batch).
+SPOOL_BATCH = 512
+#: Page files merged at once (open files); more are merged in rounds.
+MERGE_FAN_IN = 128
+
+
+def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookback_s: float | None = None,
+          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES,
+          now_s: float | None = None) -> tuple[Path | None, list[Problem]]:
+    """The spans of ``fetch`` as one OTLP JSON file under ``directory``, in the order they ended.
+
+    Pages come newest first; each is sorted by end and written to a page file as
+    it arrives, and the page files are merged (``heapq.merge``: one span of
+    each in memory) into the file the streamed reader wants: nearly in end
+    order, as a batch processor writes. Memory is one page, not the job. None
+    (and a problem) when Jaeger has no spans of ``service``.
+    """
+    problems: list[Problem] = []
+    resources: dict[str, int] = {}  # a process's resource attributes (OTLP JSON) -> its index
+    pages: list[Path] = []
+    address = url
+    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,
+                                  page_traces=page_traces, now_s=now_s):
+        rows = sorted(_rows(traces, resources), key=lambda row: (row[0], row[1]))
+        pages.append(_write_rows(directory / f"page-{len(pages)}.jsonl", rows))
+    if not pages:
+        problems.append(Problem(address, None, f"no spans for service {service!r}"))
+        return None, problems
+    merges = 0
+    while len(pages) > MERGE_FAN_IN:
+        merged = []
+        for index in range(0, len(pages), MERGE_FAN_IN):
+            group = pages[index:index + MERGE_FAN_IN]
+            merges += 1
+            merged.append(_write_rows(directory / f"merged-{merges}.jsonl", _merged(group)))
+            for page in group:
+                page.unlink()
+        pages = merged
+    by_index = [json.loads(resource) for resource in resources]
+    path = directory / "jaeger-spans.jsonl"
+    with path.open("w", encoding="utf-8") as out:
+        batch: list[list[Any]] = []
+        for row in _merged(pages):
+            batch.append(row)
+            if len(batch) >= SPOOL_BATCH:
+                out.write(_request(batch, by_index))
+                batch = []
+        if batch:
+            out.write(_request(batch, by_index))
+    for page in pages:
+        page.unlink()
+    return path, problems
+
+
+def _otlp_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    return {"stringValue": str(value)}
+
+
+def _otlp_attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"key": key, "value": _otlp_value(value)} for key, value in values.items()]
+
+
+def _rows(traces: list[dict[str, Any]], resources: dict[str, int]) -> Iterator[list[Any]]:
+    """[end ns, start ns, resource index, OTLP JSON span] of each span of ``traces`` (records_from_jaeger's mapping)."""
+    for resource, record in _spans({"data": traces}):
+        index = resources.setdefault(json.dumps(_otlp_attributes(resource)), len(resources))
+        span: dict[str, Any] = {"traceId": record.trace_id, "spanId": record.span_id, "name": record.name,
+                                "startTimeUnixNano": str(record.start_ns), "endTimeUnixNano": str(record.end_ns),
+                                "attributes": _otlp_attributes(record.attributes)}
+        if record.parent_id:
+            span["parentSpanId"] = record.parent_id
+        if record.error:
+            span["status"] = {"code": 2}
+        yield [record.end_ns, record.start_ns, index, span]
+
+
+def _write_rows(path: Path, rows: Any) -> Path:
+    with path.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def _merged(pages: list[Path]) -> Iterator[list[Any]]:
+    """The rows of the page files, each sorted by end, merged in end order (one row of each held)."""
+
+    def rows(path: Path) -> Iterator[list[Any]]:
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                yield json.loads(line)
+
+    yield from heapq.merge(*(rows(path) for path in pages), key=lambda row: (row[0], row[1]))
+
+
+def _request(batch: list[list[Any]], resources: list[Any]) -> str:
+    """One OTLP JSON export request of ``batch``: its spans grouped by resource, as an exporter writes them."""
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    for _, _, index, span in batch:
+        grouped.setdefault(index, []).append(span)
+    return json.dumps({"resourceSpans": [
+        {"resource": {"attributes": resources[index]}, "scopeSpans": [{"scope": {"name": "jaeger"}, "spans": spans}]}
+        for index, spans in grouped.items()]}) + "\n"
