@@ -267,6 +267,8 @@ def test_report_cli_from_jaeger_summary_html_and_chrome(paging_jaeger: tuple[str
     assert len(json.loads(chrome.read_text())["traceEvents"]) >= len(crafted.SPANS)
     assert main(["report", "--jaeger", url, "--service", "nobody", "--no-html"]) == 1
     assert "no spans for service 'nobody'" in capsys.readouterr().out
+    assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--progress"]) == 0
+    assert "fetching from Jaeger" in capsys.readouterr().err
 
 
 def test_jaeger_unreachable_is_a_problem_not_a_crash() -> None:

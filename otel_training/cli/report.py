@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         # Jaeger's pages go to one OTLP JSON file in end order, read as files are: bounded memory.
         with tempfile.TemporaryDirectory(prefix="otel-training-jaeger-") as scratch:
             spooled, problems = spool(args.jaeger, args.service, Path(scratch), limit=args.limit,
-                                      lookback_s=args.lookback)
+                                      lookback_s=args.lookback, progress=args.progress)
             if spooled is None:
                 report = build_report([], problems, **options)
             else:

@@ -193,24 +193,30 @@ _LENGTH = struct.Struct("<I")
 
 
 def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookback_s: float | None = None,
-          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES,
-          now_s: float | None = None) -> tuple[Path | None, list[Problem]]:
+          timeout_s: float = 60.0, page_traces: int = PAGE_TRACES, now_s: float | None = None,
+          progress: bool | None = None) -> tuple[Path | None, list[Problem]]:
     """The spans of ``fetch`` as one OTLP JSON file under ``directory``, in the order they ended.
 
     Pages come newest first; each is sorted by end and written to a page file as
     it arrives, and the page files are merged (``heapq.merge``: one span of
     each in memory) into the file the streamed reader wants: nearly in end
     order, as a batch processor writes. Memory is one page, not the job. None
-    (and a problem) when Jaeger has no spans of ``service``.
+    (and a problem) when Jaeger has no spans of ``service``. ``progress``: a bar of
+    the traces fetched (None: where stderr is a terminal; tqdm, from the report extra).
     """
     problems: list[Problem] = []
     resources: dict[str, int] = {}  # a process's resource attributes (OTLP JSON) -> its index
     pages: list[Path] = []
     address = url
+    bar = _traces_bar(progress)
     for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,
                                   page_traces=page_traces, now_s=now_s):
         rows = sorted(_rows(traces, resources), key=lambda row: (row[0], row[1]))
         pages.append(_write_rows(directory / f"page-{len(pages)}.jsonl", rows))
+        if bar is not None:
+            bar.update(len(traces))
+    if bar is not None:
+        bar.close()
     if not pages:
         problems.append(Problem(address, None, f"no spans for service {service!r}"))
         return None, problems
@@ -238,6 +244,16 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
     for page in pages:
         page.unlink()
     return path, problems
+
+
+def _traces_bar(progress: bool | None) -> Any:
+    if progress is False:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(unit=" traces", desc="fetching from Jaeger", disable=None if progress is None else False)
 
 
 def _otlp_value(value: Any) -> dict[str, Any]:
