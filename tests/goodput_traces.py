@@ -13,6 +13,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
+from otel_training.report.reader import otlp_attributes
 
 T0 = 1_700_000_000 * 10**9
 JOB = "job-1"
@@ -117,18 +118,7 @@ def records() -> list[SpanRecord]:
     ]
 
 
-def _any_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    return {"stringValue": str(value)}
-
-
-def _attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _any_value(value)} for key, value in values.items()]
+_attributes = otlp_attributes
 
 
 def otlp_line(rank: int, restart: int, spans: list[dict[str, Any]]) -> str:

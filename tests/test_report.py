@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import json
@@ -155,20 +156,19 @@ def _jaeger_payload() -> dict[str, Any]:
     return {"data": traces, "total": 0, "limit": 0, "offset": 0, "errors": None}
 
 
-@pytest.fixture
-def jaeger_api() -> Iterator[tuple[str, list[str]]]:
-    """A local HTTP server answering Jaeger's query API (recording the request paths)."""
+@contextlib.contextmanager
+def _serving(answer: Any) -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP server answering ``answer(path) -> (status, body)``; (its URL, the request paths)."""
     requests: list[str] = []
-    body = json.dumps(_jaeger_payload()).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
             requests.append(self.path)
-            ok = self.path.startswith("/api/traces?")
-            self.send_response(200 if ok else 404)
+            status, body = answer(self.path)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(body if ok else b"{}")
+            self.wfile.write(body)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -176,9 +176,19 @@ def jaeger_api() -> Iterator[tuple[str, list[str]]]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requests
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def jaeger_api() -> Iterator[tuple[str, list[str]]]:
+    """Jaeger's query API answering the crafted job to any search (recording the request paths)."""
+    body = json.dumps(_jaeger_payload()).encode()
+    with _serving(lambda path: (200, body) if path.startswith("/api/traces?") else (404, b"{}")) as served:
+        yield served
 
 
 def test_jaeger_query_api_gives_the_same_figures(jaeger_api: tuple[str, list[str]]) -> None:
@@ -200,29 +210,16 @@ def paging_jaeger() -> Iterator[tuple[str, list[str]]]:
             traces.append({"traceID": trace_id, "processes": trace["processes"],
                            "spans": [{**span, "traceID": trace_id}]})
     traces.sort(key=lambda trace: -trace["spans"][0]["startTime"])
-    requests: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            requests.append(self.path)
-            query = dict(item.split("=", 1) for item in self.path.split("?", 1)[1].split("&"))
-            end = int(query.get("end", 2**62))
-            answer = [trace for trace in traces if trace["spans"][0]["startTime"] <= end and
-                      query["service"] == "crafted"][:int(query["limit"])]
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(json.dumps({"data": answer, "errors": None}).encode())
+    def search(path: str) -> tuple[int, bytes]:
+        query = dict(item.split("=", 1) for item in path.split("?", 1)[1].split("&"))
+        end = int(query.get("end", 2**62))
+        answer = [trace for trace in traces if trace["spans"][0]["startTime"] <= end and
+                  query["service"] == "crafted"][:int(query["limit"])]
+        return 200, json.dumps({"data": answer, "errors": None}).encode()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requests
-    server.shutdown()
-    server.server_close()
+    with _serving(search) as served:
+        yield served
 
 
 def test_jaeger_spooled_page_by_page_is_read_as_a_stream_with_the_same_figures(

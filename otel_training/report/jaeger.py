@@ -23,7 +23,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
-from otel_training.report.reader import Problem
+from otel_training.report.reader import Problem, otlp_attributes
 
 _MICRO = 1000
 
@@ -256,37 +256,23 @@ def _traces_bar(progress: bool | None) -> Any:
     return tqdm(unit=" traces", desc="fetching from Jaeger", disable=None if progress is None else False)
 
 
-def _otlp_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    return {"stringValue": str(value)}
-
-
-def _otlp_attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _otlp_value(value)} for key, value in values.items()]
-
-
 def _rows(traces: list[dict[str, Any]], resources: dict[str, int]) -> Iterator[list[Any]]:
     """[end ns, start ns, resource index, OTLP JSON span] of each span of ``traces`` (records_from_jaeger's mapping)."""
     for trace in traces:
-        indices = {pid: resources.setdefault(json.dumps(_otlp_attributes(resource)), len(resources))
+        indices = {pid: resources.setdefault(json.dumps(otlp_attributes(resource)), len(resources))
                    for pid, (_, resource) in _processes(trace).items()}
         unknown = None
         for span in trace.get("spans") or ():
             index = indices.get(span.get("processID"))
             if index is None:  # a span without its process: a resource with an empty service name, as records get
                 if unknown is None:
-                    unknown = resources.setdefault(json.dumps(_otlp_attributes({sc.SERVICE_NAME: ""})),
+                    unknown = resources.setdefault(json.dumps(otlp_attributes({sc.SERVICE_NAME: ""})),
                                                    len(resources))
                 index = unknown
             name, start, end, tags, error, parent = _fields(span)
             otlp: dict[str, Any] = {"traceId": span.get("traceID", ""), "spanId": span.get("spanID", ""),
                                     "name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-                                    "attributes": _otlp_attributes(tags)}
+                                    "attributes": otlp_attributes(tags)}
             if parent:
                 otlp["parentSpanId"] = parent
             if error:

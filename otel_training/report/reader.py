@@ -85,6 +85,22 @@ def attributes(items: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
     return {item["key"]: any_value(item.get("value", {})) for item in items or ()}
 
 
+def otlp_value(value: Any) -> dict[str, Any]:
+    """The OTLP JSON AnyValue of a scalar (``any_value`` reads it back): anything not a number or a bool as text."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    return {"stringValue": str(value)}
+
+
+def otlp_attributes(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """OTLP JSON attributes of ``values`` (``attributes`` reads them back)."""
+    return [{"key": key, "value": otlp_value(value)} for key, value in values.items()]
+
+
 def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[Problem]]:
     """Files named on the command line, and the ``*.jsonl``/``*.json`` files under named directories."""
     files: list[Path] = []
