@@ -10,6 +10,7 @@ file, batch span processor).
     .venv/bin/python bench/bench_torch_overhead.py
     .venv/bin/python bench/bench_torch_overhead.py --device cuda --hidden 4096 --batch-size 512 --batches 50
     .venv/bin/python bench/bench_torch_overhead.py --hidden 64 --batch-size 8 --batches 200 --flush [--offload]
+    .venv/bin/python bench/bench_torch_overhead.py --hidden 16 --batch-size 2 --batches 500 --rounds 7 --split [--offload]
 
 (``--device cuda``: the loop on the GPU, pinned memory, ``non_blocking`` copies,
 ``loss.item()`` every 10 steps, so the instrumented rounds also time every step
@@ -23,7 +24,9 @@ and the cyclic GC's collections and pauses during each mode's rounds.
 ``--flush`` ends each instrumented round with a flush, inside its timing (what
 was made in a round is paid in that round); ``--offload`` runs the pipeline
 with ``offload=True`` (docs/offload.md), so the CPU figure is the training
-process's alone and the drain process's is printed apart.
+process's alone and the drain process's is printed apart. ``--split`` takes the
+instrumented rounds' extra CPU apart instead (``split()``): the hooks alone,
+the step tracker without spans, and all of it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -91,7 +95,12 @@ def main() -> None:
                         help="cuda: the loop on the GPU, with the device timeline on (default: %(default)s)")
     parser.add_argument("--flush", action="store_true", help="flush at the end of each instrumented round, timed")
     parser.add_argument("--offload", action="store_true", help="configure(offload=True): spans built by a drain")
+    parser.add_argument("--split", action="store_true",
+                        help="instead: where the instrumented rounds' extra CPU goes (see split())")
     args = parser.parse_args()
+    if args.split:
+        split(args)
+        return
     torch.set_num_threads(args.threads)
     ballast = [{"i": index, "children": []} for index in range(args.ballast // 3)]  # dict + list each, and the list
 
@@ -176,6 +185,72 @@ def main() -> None:
               f"({full_paused[instrumented] / total_steps * 1e6:.1f} in full collections), longest pause "
               f"{longest[instrumented] * 1e3:.1f} ms; {len(gc.get_objects())} objects tracked")
     del ballast
+
+
+#: The step tracker's entry points (what the instrumentor's wrappers and hooks call).
+HOOKS = ("fetch_begin", "fetch_end", "backward_begin", "backward_end", "optimizer_pre", "optimizer_post")
+
+
+def split(args: argparse.Namespace) -> None:
+    """The instrumented rounds' extra CPU per step, taken apart, in interleaved rounds of one process.
+
+    ``hooks only``: the wrappers and hooks call step-tracker methods that do nothing (what the
+    instrumentation costs before it records anything); ``no spans``: the tracker's state machine
+    runs (steps open and close, waits are timed) but no span is made; ``full``: as shipped.
+    """
+    from otel_training.integrations.torch import steps
+
+    tracker = steps.StepTracker
+    shipped = {name: getattr(tracker, name) for name in (*HOOKS, "_open", "close")}
+
+    def nothing(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def open_bare(self: Any, awaiting_input: bool = False) -> None:
+        self._step, self._ctx = object(), None
+
+    def close_bare(self: Any) -> None:
+        if self._step is not None:
+            self._step = None
+            self._number += 1
+            self._reset()
+            self._just_closed = True
+
+    variants: dict[str, dict[str, Any] | None] = {
+        "plain": None, "hooks only": dict.fromkeys(HOOKS, nothing),
+        "no spans": {"_open": open_bare, "close": close_bare}, "full": {},
+    }
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
+        telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False,
+                                            offload=args.offload)
+        epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
+        instrumentor = TorchInstrumentor()
+        epoch()
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
+        for round_index in range(args.rounds):
+            order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
+            for name in order:
+                for attribute, method in {**shipped, **(variants[name] or {})}.items():
+                    setattr(tracker, attribute, method)
+                if variants[name] is not None:
+                    instrumentor.instrument()
+                started = time.process_time()
+                steps_done = epoch()
+                cpu[name].append((time.process_time() - started) / steps_done)
+                if variants[name] is not None:
+                    instrumentor.uninstrument()
+        for attribute, method in shipped.items():
+            setattr(tracker, attribute, method)
+        telemetry.shutdown(timeout_s=10)
+    plain = statistics.median(cpu["plain"])
+    print(f"MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch_size}, {args.batches} steps a round, "
+          f"{args.rounds} rounds of each, {'offload=True' if args.offload else 'in-process'}; process CPU per step")
+    for name, values in cpu.items():
+        extra = [value - base for value, base in zip(values, cpu["plain"])]
+        print(f"{name:11s} {statistics.median(values) * 1e6:8.1f} us   extra {statistics.median(extra) * 1e6:7.1f} us "
+              f"(rounds {min(extra) * 1e6:.1f} to {max(extra) * 1e6:.1f})" if name != "plain"
+              else f"{name:11s} {plain * 1e6:8.1f} us")
 
 
 if __name__ == "__main__":

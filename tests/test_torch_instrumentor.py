@@ -534,3 +534,44 @@ def test_suppress_instrumentation_records_nothing(instrumented):
     steps = named(spans_of(instrumented), sc.SPAN_STEP)
     assert [s["attributes"][sc.STEP] for s in steps] == [0, 1, 2]  # only the loop outside it
     assert not [s for s in named(spans_of(instrumented), sc.SPAN_DATA_WAIT) if s["end"] < steps[0]["start"]]
+
+
+class _BucketedBatches(torch.utils.data.Sampler):
+    """A bucketing batch sampler: how many batches an epoch has changes with the epoch."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths, self.epoch = lengths, 0
+
+    def __len__(self) -> int:
+        return self.lengths[self.epoch]
+
+    def __iter__(self):
+        return iter([[index] for index in range(len(self))])
+
+
+def test_a_persistent_loader_whose_epochs_differ_in_length_closes_each_epochs_last_step(instrumented):
+    """Persistent workers: one iterator object for every epoch, its length asked again as it starts over.
+    A length kept from the longer epoch would take the shorter one's end-of-data fetch for a batch and
+    leave a step open over the time between epochs."""
+    sampler = _BucketedBatches([5, 3, 4])
+    data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randn(8, 1))
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, num_workers=1, persistent_workers=True)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    between_epochs = []
+    iterators = set()
+    for epoch in range(3):
+        sampler.epoch = epoch
+        iterator = iter(loader)
+        iterators.add(id(iterator))
+        for x, y in iterator:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        between_epochs.append(time.time_ns())  # an evaluation would run here: no step is open
+    assert len(iterators) == 1  # the case at hand: torch reuses the iterator
+    steps = named(spans_of(instrumented), sc.SPAN_STEP)
+    assert [s["attributes"][sc.STEP] for s in steps] == list(range(12))
+    assert all(s["attributes"][sc.STEP_OPTIMIZER_STEPS] == 1 for s in steps)
+    assert not [(s["attributes"][sc.STEP], mark) for s in steps for mark in between_epochs
+                if s["start"] < mark < s["end"]]

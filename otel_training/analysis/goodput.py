@@ -73,7 +73,7 @@ class RunAccountant:
         #: The checkpoint step this run restored (its first completed ``training.load_checkpoint``).
         self.restored_step: int | None = None
         #: A span name's timeline label (a report feeds millions of spans: one lookup each).
-        self._labels = _LABELS[evaluation_is_productive]
+        self._labels = _LABELS[bool(evaluation_is_productive)]
 
     def add(self, record: SpanRecord) -> None:
         name = record.name

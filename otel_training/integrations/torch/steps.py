@@ -96,9 +96,9 @@ class StepTracker:
         self._telemetry: Any = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
-        #: The DataLoader iterator last fetched from (weakly: it owns worker processes) and its length.
-        self._iterator: Callable[[], Any] = _dead
-        self._length: int | None = None
+        #: The DataLoader iterator last fetched from (weakly: it owns worker processes) and its length,
+        #: one tuple: read once per fetch, so a thread fetching from another loader never mixes the two.
+        self._length_of: tuple[Callable[[], Any], int | None] = (_dead, None)
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
         self._reset()
@@ -366,22 +366,27 @@ class StepTracker:
     def _exhausted(self, iterator: Any) -> bool:
         """True when a sized DataLoader iterator has nothing left (the fetch will raise StopIteration).
 
-        Its length is asked once per iterator: ``len()`` goes through the sampler's Python
-        ``__len__`` methods, several calls a step.
+        Its length is asked once per iterator and epoch: ``len()`` goes through the sampler's Python
+        ``__len__`` methods, several calls a step. A persistent-workers loader reuses its iterator
+        every epoch, and a bucketing sampler's length changes with the epoch: asked again whenever
+        the iterator starts over.
         """
-        if self._iterator() is not iterator:
-            try:
-                self._length = len(iterator)
-            except Exception:  # noqa: BLE001 - iterable datasets have no length
-                self._length = None
-            try:
-                self._iterator = weakref.ref(iterator)
-            except TypeError:  # no weak references: ask every time
-                self._iterator = _dead
         try:
-            return self._length is not None and iterator._num_yielded >= self._length
-        except Exception:  # noqa: BLE001
+            yielded = iterator._num_yielded
+        except Exception:  # noqa: BLE001 - not a DataLoader iterator
             return False
+        reference, length = self._length_of
+        if yielded == 0 or reference() is not iterator:
+            try:
+                length = len(iterator)
+            except Exception:  # noqa: BLE001 - iterable datasets have no length
+                length = None
+            try:
+                reference = weakref.ref(iterator)
+            except TypeError:  # no weak references: ask every time
+                reference = _dead
+            self._length_of = (reference, length)
+        return length is not None and yielded >= length
 
 
 def _dead() -> None:
