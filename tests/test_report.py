@@ -232,23 +232,72 @@ def test_jaeger_spooled_page_by_page_is_read_as_a_stream_with_the_same_figures(
     pages = len(requests)
     assert pages > 8  # many pages, each older than the one before
     monkeypatch.setattr(jaeger_module, "MERGE_FAN_IN", 3)  # page files merged in rounds, too
+    monkeypatch.setattr(jaeger_module, "SPOOL_BATCH", 7)  # several lines a rank
     spooled, spool_problems = spool(url, "crafted", tmp_path, page_traces=4)
-    assert spool_problems == [] and spooled is not None
-    assert [path.name for path in tmp_path.iterdir()] == [spooled.name]  # the page files are gone
+    assert spool_problems == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in spooled) == [
+        "traces-r0.jsonl", "traces-r1.jsonl"]  # one file a rank, as the exporter writes; the page files are gone
     ends: dict[str, list[int]] = {}
-    for line in spooled.read_text().splitlines():
-        for resource_spans in json.loads(line)["resourceSpans"]:
-            resource = json.dumps(resource_spans["resource"])
-            ends.setdefault(resource, []).extend(
-                int(span["endTimeUnixNano"]) for scope in resource_spans["scopeSpans"] for span in scope["spans"])
+    for path in spooled:
+        for line in path.read_text().splitlines():
+            for resource_spans in json.loads(line)["resourceSpans"]:
+                resource = json.dumps(resource_spans["resource"])
+                ends.setdefault(resource, []).extend(
+                    int(span["endTimeUnixNano"]) for scope in resource_spans["scopeSpans"] for span in scope["spans"])
     assert len(ends) == 4 and sum(map(len, ends.values())) == len(crafted.SPANS)  # 4 lives
     assert all(run == sorted(run) for run in ends.values())  # in the order they ended, each life
     recomputed: list[Any] = []
     monkeypatch.setattr("otel_training.report.files._recompute", lambda *args: recomputed.append(args))
-    streamed = report_files([spooled], workers=1, progress=False)
-    assert recomputed == []
-    _check_crafted(streamed)
-    assert render_summary(streamed) == render_summary(build_report(records, problems))
+    for workers in (1, 2):
+        streamed = report_files(spooled, workers=workers, progress=False)
+        assert recomputed == []
+        _check_crafted(streamed)
+        assert render_summary(streamed) == render_summary(build_report(records, problems))
+
+
+def test_jaeger_spool_keeps_jaegers_order_for_spans_ending_together(tmp_path: Path) -> None:
+    """Spans ending in the same microsecond (Jaeger's resolution) keep the order Jaeger listed them in,
+    as ``fetch`` and the in-memory report do: a stuck alert listed before the step it watched ends in that
+    microsecond is read first. Ordered by start instead, the step would end before its stuck stretch began."""
+    payload = _jaeger_payload()
+    trace = payload["data"][0]  # rank 0, its first life: the stuck step and its alerts
+    stuck = next(span for span in trace["spans"] if span["operationName"] == sc.SPAN_ALERT and
+                 any(tag["value"] == sc.ALERT_KIND_STUCK for tag in span["tags"]))
+    watched = next(tag["value"] for tag in stuck["tags"] if tag["key"] == sc.ALERT_SPAN_ID)
+    step = next(span for span in trace["spans"] if span["spanID"] == watched)
+    stuck["startTime"] = step["startTime"] + step["duration"]
+    trace["spans"] = [stuck] + [span for span in trace["spans"] if span is not stuck and
+                                span["operationName"] != sc.SPAN_ALERT]
+    body = json.dumps(payload).encode()
+    with _serving(lambda path: (200, body)) as (url, _):
+        records, problems = fetch(url, "crafted")
+        spooled, _ = spool(url, "crafted", tmp_path)
+    in_memory = build_report(records, problems)
+    streamed = report_files(spooled, workers=1, progress=False)
+    assert streamed.goodput.seconds == in_memory.goodput.seconds
+    assert streamed.goodput.seconds.get(sc.BADPUT_STUCK, 0) > 0
+
+
+def test_jaeger_spool_bounds_its_lines_and_says_when_it_found_nothing(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = _jaeger_payload()
+    for span in payload["data"][0]["spans"]:
+        span["tags"].append({"key": "note", "type": "string", "value": "x" * 5000})
+    body = json.dumps(payload).encode()
+    monkeypatch.setattr(jaeger_module, "SPOOL_LINE_BYTES", 20_000)
+    with _serving(lambda path: (200, body)) as (url, _):
+        records, problems = fetch(url, "crafted")
+        spooled, spool_problems = spool(url, "crafted", tmp_path / "a")
+    assert spool_problems == []
+    lines = [line for path in spooled for line in path.read_text().splitlines()]
+    assert max(len(line) for line in lines) < 20_000 + 6000  # a line ends once past the bound
+    assert len(lines) > 8
+    streamed = report_files(spooled, workers=1, progress=False)
+    assert streamed.span_count == len(records) and streamed.problems == []
+    empty = json.dumps({"data": [{"traceID": "ab", "processes": {}, "spans": []}]}).encode()
+    with _serving(lambda path: (200, empty)) as (url, _):
+        spooled, spool_problems = spool(url, "crafted", tmp_path / "b")
+    assert spooled == [] and [problem.message for problem in spool_problems] == ["no spans for service 'crafted'"]
 
 
 def test_report_cli_from_jaeger_summary_html_and_chrome(paging_jaeger: tuple[str, list[str]], tmp_path: Path,

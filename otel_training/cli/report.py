@@ -92,7 +92,7 @@ def report_paths(paths: list[str], html_path: Path, *, job_id: str | None = None
 
 def run(args: argparse.Namespace) -> int:
     from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
-    from otel_training.report import build_report
+    from otel_training.report import Problem, build_report
     from otel_training.report.files import report_files
     from otel_training.report.html import prepare_plots
 
@@ -109,17 +109,20 @@ def run(args: argparse.Namespace) -> int:
             return 2
         from otel_training.report.jaeger import spool
 
-        # Jaeger's pages go to one OTLP JSON file in end order, read as files are: bounded memory.
+        # Jaeger's pages go to OTLP JSON files in end order, one per rank, read as any: bounded memory.
         with tempfile.TemporaryDirectory(prefix="otel-training-jaeger-") as scratch:
             spooled, problems = spool(args.jaeger, args.service, Path(scratch), limit=args.limit,
                                       lookback_s=args.lookback, progress=args.progress)
-            if spooled is None:
+            if not spooled:
                 report = build_report([], problems, **options)
             else:
-                report = report_files([spooled], job_id=args.job, progress=args.progress, workers=1,
+                report = report_files(spooled, job_id=args.job, progress=args.progress, workers=args.workers,
                                       meanwhile=prepare_plots if html else None, **options)
-                report.problems[:0] = problems
-            return _write(args, report, [], [spooled] if spooled is not None else [], html)
+                # The spooled files are gone once reported: their problems are Jaeger's answer's.
+                report.problems[:] = problems + [
+                    Problem(args.jaeger, None, problem.message) if problem.path.startswith(scratch) else problem
+                    for problem in report.problems]
+            return _write(args, report, [], spooled, html)
     # Files are streamed: per-rank aggregates in memory, not the spans (docs/report.md).
     paths = args.paths or ["./otel-traces"]
     report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers,
@@ -147,5 +150,4 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
         spans = (record for record in stream_records(spans_from) if args.job is None or record.run.job_id == args.job)
         count = write_chrome_trace(spans, args.chrome)
         print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)")
-    return 0
     return 0

@@ -57,7 +57,7 @@ def prepare_plots() -> None:
     """Import the plotting library ahead of ``render_html`` (for the reader to run while its workers read)."""
     try:
         _pyplot()
-    except ImportError:  # render_html will say what is missing
+    except Exception:  # noqa: BLE001 - render_html, after the summary is printed, will say what is wrong
         pass
 
 

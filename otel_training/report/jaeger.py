@@ -185,8 +185,11 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     return records, problems
 
 
-#: Spans per line of a spooled file (the batch span processor's export batch).
+#: A spooled file's line ends at this many spans or bytes (the reader refuses lines over 64 MiB).
 SPOOL_BATCH = 512
+SPOOL_LINE_BYTES = 4 << 20
+#: Spans held for the rank files at most; past it every rank's are written (the write side's memory).
+SPOOL_HELD = 32_768
 #: Page files merged at once (open files); more are merged in rounds.
 MERGE_FAN_IN = 128
 _LENGTH = struct.Struct("<I")
@@ -194,56 +197,98 @@ _LENGTH = struct.Struct("<I")
 
 def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookback_s: float | None = None,
           timeout_s: float = 60.0, page_traces: int = PAGE_TRACES, now_s: float | None = None,
-          progress: bool | None = None) -> tuple[Path | None, list[Problem]]:
-    """The spans of ``fetch`` as one OTLP JSON file under ``directory``, in the order they ended.
+          progress: bool | None = None) -> tuple[list[Path], list[Problem]]:
+    """The spans of ``fetch`` as OTLP JSON files under ``directory``, one per rank, in the order they ended.
 
-    Pages come newest first; each is sorted by end and written to a page file as
-    it arrives, and the page files are merged (``heapq.merge``: one span of
-    each in memory) into the file the streamed reader wants: nearly in end
-    order, as a batch processor writes. Memory is one page, not the job. None
-    (and a problem) when Jaeger has no spans of ``service``. ``progress``: a bar of
-    the traces fetched (None: where stderr is a terminal; tqdm, from the report extra).
+    Pages come newest first; each is sorted by end (ties in the order Jaeger
+    listed them, which is ``fetch``'s) and written to a page file as it
+    arrives, and the page files are merged (``heapq.merge``: one span of each
+    in memory) into the files the streamed reader wants: one per rank, as the
+    file exporter writes them, in end order. Memory is one page and a bounded
+    write buffer, not the job. No files (and a problem) when Jaeger has no spans
+    of ``service`` or they could not be written. ``progress``: a bar of the
+    traces fetched (None: where stderr is a terminal; tqdm, from the report extra).
     """
     problems: list[Problem] = []
-    resources: dict[str, int] = {}  # a process's resource attributes (OTLP JSON) -> its index
+    resources: dict[str, tuple[int, int]] = {}  # a resource's attributes (OTLP JSON) -> (its index, its rank)
     pages: list[Path] = []
+    files: list[Path] = []
     address = url
     bar = _traces_bar(progress)
-    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,
-                                  page_traces=page_traces, now_s=now_s):
-        rows = sorted(_rows(traces, resources), key=lambda row: (row[0], row[1]))
-        pages.append(_write_rows(directory / f"page-{len(pages)}.jsonl", rows))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        arrived = 0
+        for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,
+                                      timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
+            rows = []
+            for end, resource, text in _rows(traces, resources):
+                rows.append((end, arrived, resource, text))
+                arrived += 1
+            if rows:
+                rows.sort(key=lambda row: (row[0], row[1]))
+                pages.append(_write_rows(directory / f"page-{len(pages)}.bin", rows))
+            if bar is not None:
+                bar.update(len(traces))
+        if not pages:
+            problems.append(Problem(address, None, f"no spans for service {service!r}"))
+            return [], problems
+        merges = 0
+        while len(pages) > MERGE_FAN_IN:
+            merged = []
+            for index in range(0, len(pages), MERGE_FAN_IN):
+                group = pages[index:index + MERGE_FAN_IN]
+                merges += 1
+                merged.append(_write_rows(directory / f"merged-{merges}.bin", _merged(group)))
+                for page in group:
+                    page.unlink()
+            pages = merged
+        _write_ranks(_merged(pages), resources, directory, files)
+        return files, problems
+    except OSError as error:  # a full disk (TMPDIR is often memory): a problem, not a traceback
+        problems.append(Problem(str(directory), None, f"could not spool Jaeger's spans to disk: {error}"))
+        for path in files:
+            path.unlink(missing_ok=True)
+        return [], problems
+    finally:
         if bar is not None:
-            bar.update(len(traces))
-    if bar is not None:
-        bar.close()
-    if not pages:
-        problems.append(Problem(address, None, f"no spans for service {service!r}"))
-        return None, problems
-    merges = 0
-    while len(pages) > MERGE_FAN_IN:
-        merged = []
-        for index in range(0, len(pages), MERGE_FAN_IN):
-            group = pages[index:index + MERGE_FAN_IN]
-            merges += 1
-            merged.append(_write_rows(directory / f"merged-{merges}.jsonl", _merged(group)))
-            for page in group:
-                page.unlink()
-        pages = merged
-    by_index = [json.loads(resource) for resource in resources]
-    path = directory / "jaeger-spans.jsonl"
-    with path.open("w", encoding="utf-8") as out:
-        batch: list[list[Any]] = []
-        for row in _merged(pages):
-            batch.append(row)
-            if len(batch) >= SPOOL_BATCH:
-                out.write(_request(batch, by_index))
-                batch = []
-        if batch:
-            out.write(_request(batch, by_index))
-    for page in pages:
-        page.unlink()
-    return path, problems
+            bar.close()
+        for page in pages:
+            page.unlink(missing_ok=True)
+
+
+def _write_ranks(rows: Iterator[tuple[int, int, int, str]], resources: dict[str, tuple[int, int]],
+                 directory: Path, files: list[Path]) -> None:
+    """Rows (in end order) to ``traces-r<rank>.jsonl`` files, lines bounded in spans and bytes."""
+    texts = {index: text for text, (index, _) in resources.items()}
+    rank_of = {index: rank for index, rank in resources.values()}
+    held: dict[int, tuple[list[tuple[int, str]], list[int]]] = {}
+    paths: dict[int, Path] = {}
+    count = 0
+
+    def write(rank: int) -> None:
+        spans, _ = held.pop(rank)
+        path = paths.get(rank)
+        if path is None:
+            path = paths[rank] = directory / f"traces-r{rank}.jsonl"
+            files.append(path)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(_request(spans, texts))
+
+    for _, _, resource, text in rows:
+        rank = rank_of[resource]
+        spans, size = held.setdefault(rank, ([], [0]))
+        spans.append((resource, text))
+        size[0] += len(text)
+        count += 1
+        if len(spans) >= SPOOL_BATCH or size[0] >= SPOOL_LINE_BYTES:
+            count -= len(spans)
+            write(rank)
+        elif count >= SPOOL_HELD:
+            for waiting in list(held):
+                write(waiting)
+            count = 0
+    for waiting in list(held):
+        write(waiting)
 
 
 def _traces_bar(progress: bool | None) -> Any:
@@ -256,19 +301,16 @@ def _traces_bar(progress: bool | None) -> Any:
     return tqdm(unit=" traces", desc="fetching from Jaeger", disable=None if progress is None else False)
 
 
-def _rows(traces: list[dict[str, Any]], resources: dict[str, int]) -> Iterator[list[Any]]:
-    """[end ns, start ns, resource index, OTLP JSON span] of each span of ``traces`` (records_from_jaeger's mapping)."""
+def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]]) -> Iterator[tuple[int, int, str]]:
+    """(end ns, resource index, the span as OTLP JSON) of each span of ``traces``, mapped as
+    ``records_from_jaeger`` maps them; ``resources`` gains each new resource (and its rank)."""
     for trace in traces:
-        indices = {pid: resources.setdefault(json.dumps(otlp_attributes(resource)), len(resources))
-                   for pid, (_, resource) in _processes(trace).items()}
-        unknown = None
+        indices = {pid: _resource_index(resources, {**resource, sc.SERVICE_NAME: service})
+                   for pid, (service, resource) in _processes(trace).items()}
         for span in trace.get("spans") or ():
             index = indices.get(span.get("processID"))
-            if index is None:  # a span without its process: a resource with an empty service name, as records get
-                if unknown is None:
-                    unknown = resources.setdefault(json.dumps(otlp_attributes({sc.SERVICE_NAME: ""})),
-                                                   len(resources))
-                index = unknown
+            if index is None:  # a span without its process: an empty service name, as its record gets
+                index = _resource_index(resources, {sc.SERVICE_NAME: ""})
             name, start, end, tags, error, parent = _fields(span)
             otlp: dict[str, Any] = {"traceId": span.get("traceID", ""), "spanId": span.get("spanID", ""),
                                     "name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
@@ -277,7 +319,15 @@ def _rows(traces: list[dict[str, Any]], resources: dict[str, int]) -> Iterator[l
                 otlp["parentSpanId"] = parent
             if error:
                 otlp["status"] = {"code": 2}
-            yield [end, start, index, otlp]
+            yield end, index, json.dumps(otlp)
+
+
+def _resource_index(resources: dict[str, tuple[int, int]], resource: dict[str, Any]) -> int:
+    text = json.dumps(otlp_attributes(resource))
+    known = resources.get(text)
+    if known is None:
+        known = resources[text] = (len(resources), RunKey.from_resource(resource).rank)
+    return known[0]
 
 
 def _write_rows(path: Path, rows: Any) -> Path:
@@ -291,10 +341,10 @@ def _write_rows(path: Path, rows: Any) -> Path:
     return path
 
 
-def _merged(pages: list[Path]) -> Iterator[list[Any]]:
-    """The rows of the page files, each sorted by end, merged in end order (one row of each held)."""
+def _merged(pages: list[Path]) -> Iterator[Any]:
+    """The rows of the page files, each sorted by (end, arrival), merged in that order (one row of each held)."""
 
-    def rows(path: Path) -> Iterator[list[Any]]:
+    def rows(path: Path) -> Iterator[Any]:
         with path.open("rb") as data:
             while header := data.read(_LENGTH.size):
                 yield pickle.loads(data.read(_LENGTH.unpack(header)[0]))  # noqa: S301 - our own file
@@ -302,11 +352,11 @@ def _merged(pages: list[Path]) -> Iterator[list[Any]]:
     yield from heapq.merge(*(rows(path) for path in pages), key=lambda row: (row[0], row[1]))
 
 
-def _request(batch: list[list[Any]], resources: list[Any]) -> str:
-    """One OTLP JSON export request of ``batch``: its spans grouped by resource, as an exporter writes them."""
-    grouped: dict[int, list[dict[str, Any]]] = {}
-    for _, _, index, span in batch:
-        grouped.setdefault(index, []).append(span)
-    return json.dumps({"resourceSpans": [
-        {"resource": {"attributes": resources[index]}, "scopeSpans": [{"scope": {"name": "jaeger"}, "spans": spans}]}
-        for index, spans in grouped.items()]}) + "\n"
+def _request(spans: list[tuple[int, str]], resources: dict[int, str]) -> str:
+    """One OTLP JSON export request of ``spans`` ((resource index, span JSON)), grouped by resource."""
+    grouped: dict[int, list[str]] = {}
+    for index, text in spans:
+        grouped.setdefault(index, []).append(text)
+    return '{"resourceSpans":[' + ",".join(
+        '{"resource":{"attributes":' + resources[index] + '},"scopeSpans":[{"scope":{"name":"jaeger"},"spans":['
+        + ",".join(texts) + "]}]}" for index, texts in grouped.items()) + "]}\n"
