@@ -45,8 +45,38 @@ def report_html(tmp_path: Path) -> Path:
     crafted.write_otlp(tmp_path / "traces")
     result = read_paths([tmp_path / "traces"])
     page = tmp_path / "report.html"
-    page.write_text(render_html(build_report(result.records, result.problems), result.records), encoding="utf-8")
+    # As the CLI draws it: the plots in forked processes (test_plots_drawn_by_forked_processes_...).
+    page.write_text(render_html(build_report(result.records, result.problems), processes=2), encoding="utf-8")
     return page
+
+
+def test_plots_drawn_by_forked_processes_are_the_plots_drawn_here(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib
+
+    from otel_training.report import html as html_module
+
+    crafted.write_otlp(tmp_path / "traces")
+    result = read_paths([tmp_path / "traces"])
+    report = build_report(result.records, result.problems)
+    drawn_by = tmp_path / "drawn-by"
+
+    def recording(plot):  # noqa: ANN001, ANN202
+        def draw(report):  # noqa: ANN001, ANN202
+            with drawn_by.open("a") as out:
+                out.write(f"{os.getpid()}\n")
+            return plot(report)
+        return draw
+
+    for _, function, _ in html_module._PLOTS:  # looked up by name where they are drawn: a fork sees these
+        monkeypatch.setattr(html_module, function, recording(getattr(html_module, function)))
+    undated = lambda page: re.sub(r"<dc:date>[^<]*</dc:date>", "", page)  # noqa: E731 - when each SVG was drawn
+    with matplotlib.rc_context({"svg.hashsalt": "fixed"}):  # the SVGs' element ids
+        forked, here = render_html(report, processes=2), render_html(report)
+    assert undated(forked) == undated(here)
+    pids = drawn_by.read_text().split()
+    assert len(pids) == 2 * len(PLOTS)  # each plot drawn twice: forked, then here
+    assert str(os.getpid()) not in pids[:len(PLOTS)] and pids[len(PLOTS):] == [str(os.getpid())] * len(PLOTS)
 
 
 def test_report_is_self_contained(report_html: Path) -> None:

@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: list[Any], html: bool) -> int:
     """Print the summary, write the HTML page and the Chrome trace (of the spans in ``spans_from``)."""
     from otel_training.report import render_html, render_summary, write_chrome_trace
+    from otel_training.report.files import workers_available
     from otel_training.report.reader import stream_records
 
     print(render_summary(report))
@@ -144,7 +145,7 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
     elif html:
         html_path = Path(args.html) if args.html else default_html_path(paths)
         html_path.parent.mkdir(parents=True, exist_ok=True)
-        html_path.write_text(render_html(report), encoding="utf-8")
+        html_path.write_text(render_html(report, processes=args.workers or workers_available()), encoding="utf-8")
         print(f"html report: {html_path.resolve()}")
     if args.chrome:
         spans = (record for record in stream_records(spans_from) if args.job is None or record.run.job_id == args.job)

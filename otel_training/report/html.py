@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import io
+import multiprocessing
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -284,21 +285,60 @@ def _alerts(report: JobReport) -> str:
     return "".join(items)
 
 
+#: The page's plots, in its order: (element id, drawing function, drawn only for a job with steps).
+_PLOTS = (("step-time", "_plot_step_times", True), ("breakdown", "_plot_breakdown", False),
+          ("histogram", "_plot_histogram", True), ("timeline", "_plot_timeline", False))
+#: The report the forked plot processes draw from (inherited, never pickled).
+_drawing: JobReport | None = None
+
+
+def _draw(function: str) -> str:
+    assert _drawing is not None
+    return globals()[function](_drawing)  # type: ignore[no-any-return]
+
+
+def _svgs(report: JobReport, functions: list[str], processes: int) -> Any:
+    """``() -> [svg, ...]`` of the plot functions: drawn by forked processes while the caller goes on,
+    where asked for and available; else drawn when called."""
+    global _drawing
+    if processes > 1 and len(functions) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        try:
+            _drawing = report
+            pool = multiprocessing.get_context("fork").Pool(min(processes, len(functions)))
+        except OSError:
+            pool = None
+        finally:
+            _drawing = None
+        if pool is not None:
+            pending = pool.map_async(_draw, functions, chunksize=1)
+
+            def collect() -> list[str]:
+                try:
+                    return pending.get()  # type: ignore[no-any-return]
+                finally:
+                    pool.close()
+                    pool.join()
+
+            return collect
+    return lambda: [globals()[function](report) for function in functions]
+
+
 def render_html(report: JobReport, records: Sequence[SpanRecord] | None = None, *,
-                evaluation_is_productive: bool = False) -> str:
+                evaluation_is_productive: bool = False, processes: int = 1) -> str:
     """The report page.
 
     ``records`` and ``evaluation_is_productive`` are unused: the timeline's intervals were
     kept when the report was built (from records in memory or from files streamed), labelled
     as its goodput was. They stay for callers written when the page redrew them from the spans.
+    ``processes``: draw the plots in that many forked processes while this one writes the
+    tables (matplotlib draws on one core; the CLI passes its worker count).
     """
     title = "otel-training report: " + (", ".join(report.job_ids) or "job")
-    plots = ['<figure class="plot" id="breakdown">' + _plot_breakdown(report) + "</figure>"]
-    if report.step_count:
-        plots.insert(0, '<figure class="plot" id="step-time">' + _plot_step_times(report) + "</figure>")
-        plots.append('<figure class="plot" id="histogram">' + _plot_histogram(report) + "</figure>")
-    plots.append('<figure class="plot" id="timeline">'
-                 + _plot_timeline(report) + "</figure>")
+    shown = [(element, function) for element, function, needs_steps in _PLOTS if report.step_count or not needs_steps]
+    drawn = _svgs(report, [function for _, function in shown], processes)
+    tables = _cards(report), _rank_table(report), _hang(report), _alerts(report), render_summary(report)
+    plots = [f'<figure class="plot" id="{element}">{svg}</figure>' for (element, _), svg in zip(shown, drawn())]
+    cards, ranks, hang, alerts, summary = tables
     problems = ""
     if report.problems:
         problems = ("<h2>Input problems</h2><ul class=\"problems\">"
@@ -308,15 +348,15 @@ def render_html(report: JobReport, records: Sequence[SpanRecord] | None = None, 
 <body>
 <h1>{html.escape(title)}</h1>
 <p>{report.span_count:,} spans from {html.escape(", ".join(report.services) or "unknown services")}.</p>
-{_cards(report)}
+{cards}
 <h2>Plots</h2>
 <div class="plots">{"".join(plots)}</div>
 <h2>Ranks</h2>
-{_rank_table(report)}
-{_hang(report)}<h2>Alerts</h2>
-{_alerts(report)}
+{ranks}
+{hang}<h2>Alerts</h2>
+{alerts}
 {problems}
 <h2>Summary</h2>
-<pre>{html.escape(render_summary(report))}</pre>
+<pre>{html.escape(summary)}</pre>
 </body></html>
 """
