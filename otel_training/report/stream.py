@@ -307,39 +307,34 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
             labelled: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
             for name, start, end, span_id, error, values in spans:
                 label = labels.get(name)
-                if label is None and values is None and name not in accounted:
-                    # Most spans of a job (substeps, phases, the user's own) only count, unless a stuck
-                    # alert watched their name.
-                    if run is not None:
-                        if error:
-                            run.failed_itself = True
-                        if name in run.watched_names:
-                            run.push(SpanRecord(name, start, end, key, {}, "", span_id, "", error, service, role))
-                        else:
-                            run.skipped_names.add(name)
-                    continue
-                if label is not None:
-                    labelled[label].append((start, end))
-                if name == alert_name:
-                    part.alerts.append(alert_of(rank, restart, start, values or {}))
-                    hang.alert(key, start, values or {})
-                elif name == step and values and collective_seq in values:
-                    hang.step(key, end, values)
+                # Most spans of a job (substeps, phases, the user's own) only count: of them, only a
+                # failure and a stuck alert's watched name are read.
+                read = label is not None or values is not None or name in accounted
+                if read:
+                    if label is not None:
+                        labelled[label].append((start, end))
+                    if name == alert_name:
+                        part.alerts.append(alert_of(rank, restart, start, values or {}))
+                        hang.alert(key, start, values or {})
+                    elif name == step and values and collective_seq in values:
+                        hang.step(key, end, values)
                 if run is None:
                     continue
                 if error:
                     run.failed_itself = True
-                if name == step and values:
-                    part.data_wait(values.get(sc.STEP_DATA_WAIT_S))
-                if values is not None and (name == device_step or (name == step and not values.get(device_timed))):
-                    steps[rank].add(start, end, values.get(sc.STEP), restart)
-                    run.durations.append((end - start) / 1e9 if end > start else 0.0)
+                if read:
+                    if name == step and values:
+                        part.data_wait(values.get(sc.STEP_DATA_WAIT_S))
+                    if values is not None and (name == device_step or
+                                               (name == step and not values.get(device_timed))):
+                        steps[rank].add(start, end, values.get(sc.STEP), restart)
+                        run.durations.append((end - start) / 1e9 if end > start else 0.0)
                 if name in accounted or name in run.watched_names:
                     run.push(SpanRecord(name, start, end, key, values or {}, "", span_id, "", error, service, role))
+                    if name == alert_name:
+                        _alert_read(run, values or {})
                 else:
                     run.skipped_names.add(name)
-                if name == alert_name:
-                    _alert_read(run, values or {})
             for label, items in labelled.items():
                 intervals.extend(rank, label, items)
     lives: defaultdict[int, list[Life]] = defaultdict(list)
