@@ -3,9 +3,9 @@
 ``GET {url}/api/traces?service=S`` returns whole traces with each span's
 process (the OTel resource, as tags). ``fetch`` maps them to the same records
 the file reader produces, in memory; ``spool`` writes them, a page at a time,
-as one OTLP JSON file in the order spans ended, which the streamed reader
-reads in bounded memory like any trace file. Standard library only: the
-report needs no HTTP client beyond what Python ships.
+as OTLP JSON files, one per rank, in the order spans ended, which the streamed
+reader reads in bounded memory like any trace files. Standard library only:
+the report needs no HTTP client beyond what Python ships.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
                 rows.append((end, arrived, resource, text))
                 arrived += 1
             if rows:
-                rows.sort(key=lambda row: (row[0], row[1]))
+                rows.sort()  # by end, then arrival (unique: ties keep Jaeger's order, nothing more is compared)
                 pages.append(_write_rows(directory / f"page-{len(pages)}.bin", rows))
             if bar is not None:
                 bar.update(len(traces))
@@ -342,14 +342,15 @@ def _write_rows(path: Path, rows: Any) -> Path:
 
 
 def _merged(pages: list[Path]) -> Iterator[Any]:
-    """The rows of the page files, each sorted by (end, arrival), merged in that order (one row of each held)."""
+    """The rows of the page files, each sorted by (end, arrival), merged in that order (one row of each held;
+    arrival is unique, so no two rows compare further)."""
 
     def rows(path: Path) -> Iterator[Any]:
         with path.open("rb") as data:
             while header := data.read(_LENGTH.size):
                 yield pickle.loads(data.read(_LENGTH.unpack(header)[0]))  # noqa: S301 - our own file
 
-    yield from heapq.merge(*(rows(path) for path in pages), key=lambda row: (row[0], row[1]))
+    yield from heapq.merge(*(rows(path) for path in pages))
 
 
 def _request(spans: list[tuple[int, str]], resources: dict[int, str]) -> str:
