@@ -222,15 +222,18 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     return 0
 
 
+#: What the drain ignores. A scheduler that stops a job signals every process of it (Slurm's scancel, a
+#: container's stop): the drain outlives the training process's own handling of that signal, which ends
+#: and flushes its spans, and stops by itself when that process has closed it or is gone. The training
+#: process blocks these while it starts the drain (offload.py).
+IGNORED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(format="%(message)s")
-    # A scheduler that stops a job signals every process of it (Slurm's scancel, a container's stop): the
-    # drain outlives the training process's own handling of that signal, which ends and flushes its spans,
-    # and stops by itself when that process has closed it or is gone.
-    ignored = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    for signum in ignored:
+    for signum in IGNORED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, ignored)  # blocked since the fork (offload.py): now ignored
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)  # blocked since the fork: now ignored
     hello = pickle.load(sys.stdin.buffer)  # from the training process, over the pipe it made: trusted
     ring = Ring.attach(int(argv[1]))
     try:

@@ -39,6 +39,7 @@ from otel_training._contain import log_once
 from otel_training._ring import DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
+from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.record_tracer import CLOSE, FLUSH, RecordTracerProvider
 from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
 
@@ -46,8 +47,6 @@ logger = logging.getLogger("otel_training")
 #: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.
 _SITE_DIR = str(Path(__file__).resolve().parents[1] / "integrations" / "auto" / "_site")
 _WAIT_POLL_S = 0.001
-#: What the drain ignores: a scheduler's or a terminal's signal to the whole job (see drain.py).
-_DRAIN_IGNORES = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 def check_offload(options: Mapping[str, Any]) -> None:
@@ -110,7 +109,7 @@ class OffloadTelemetry(Telemetry):
         # Blocked from its fork on (a child inherits the forking thread's signal mask, across exec too) until
         # the drain ignores them (drain.py): a job stopped in the drain's first second does not lose it. This
         # thread blocks them only for the fork; one arriving meanwhile waits, or goes to another thread.
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DRAIN_IGNORES)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_SIGNALS)
         try:
             process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
                                        stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd,), start_new_session=True)
