@@ -2,17 +2,30 @@
 
 Why: building, processing and exporting OpenTelemetry spans costs the training
 process 20-40 µs of CPU a span, and the threads doing it hold the GIL the
-training thread needs (docs/offload.md). Writing a record here costs about a
-microsecond; the drain process turns the records into the same spans.
+training thread needs (docs/offload.md). Writing a record here costs well under
+a microsecond; the drain process turns the records into the same spans.
 
 Layout: a header page, then ``capacity`` bytes of records, each a little-endian
 ``u32`` length and that many bytes (a record may wrap around the end). The
 writer and the reader each own one position (monotonic byte counts, kept in the
 header on cache lines of their own); a record is published by advancing the
-write position after its bytes are in place. That needs stores to become
-visible in program order, which x86-64 guarantees (``supported()`` says where
-the ring may be used). Writers in the training process serialise on one
-uncontended lock (no system call); there is one reader.
+write position after its bytes are in place.
+
+Two implementations of one behaviour, chosen by ``_native_loader``:
+
+- **native** (``native/ring.c`` through ``otel_training._native``): the write
+  position is published with a release store and read with an acquire load,
+  so it is correct on any CPU (x86-64, aarch64). Writers are serialised by the
+  GIL, held across the one C call an append is.
+- **fallback** (this file): the same bytes, written from Python. Publishing
+  needs stores to become visible in program order, which x86-64 guarantees
+  and aarch64 does not (``supported()``). Writers serialise on one
+  uncontended lock (no system call).
+
+Either reader never trusts the shared memory: its own position and the
+capacity are private copies, and a write position or a record length that
+does not fit what was published is counted (``corrupt``) and skipped, never
+followed. The waiting and dropping policy is one (``Ring.write``).
 
 The memory is a ``memfd`` handed to the drain as a file descriptor: no name on
 any file system, nothing left behind when both processes are gone.
@@ -28,6 +41,9 @@ import threading
 import time
 from collections.abc import Callable
 from threading import get_ident
+from typing import Any
+
+from otel_training._native_loader import native as _native
 
 _MAGIC = 0x4F54_5452_494E_4731  # "OTTRING1"
 HEADER = 4096
@@ -46,70 +62,109 @@ DRAIN_FIELDS = {name: 192 + 8 * index for index, name in enumerate(
 _POLL_S = 0.0002
 #: A reader that has not advanced for this long while records waited is stalled: nobody waits for it.
 STALLED_S = 1.0
+#: ``append`` results, the C binding's and the fallback's alike.
+_OK, _FULL, _TOO_BIG, _CLOSED = 0, 1, 2, 3
 
 
-def supported() -> str | None:
-    """None where the ring may be used here, else why not."""
+def supported(mode: str = "auto") -> str | None:
+    """None where the ring may be used here with the implementation ``mode`` picks, else why not."""
     if not hasattr(os, "memfd_create"):
         return "no memfd_create on this platform (Linux only)"
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the ring relies on x86-64 store ordering; this machine is {platform.machine()}"
+    if _native(mode) is None and platform.machine().lower() not in ("x86_64", "amd64"):
+        return (f"the pure-Python ring relies on x86-64 store ordering and this machine is {platform.machine()}; "
+                "the C extension (otel_training._native) is correct here: build it, and leave the native option "
+                "at auto or on")
     return None
 
 
 class Ring:
     """One ring: ``create`` in the training process, ``attach`` in the drain to its descriptor."""
 
-    def __init__(self, fd: int, mm: mmap.mmap) -> None:
+    def __init__(self, fd: int, mm: mmap.mmap, create: bool = False, mode: str = "auto") -> None:
         self.fd = fd
         self._mm = mm
-        self.capacity = _U64.unpack_from(mm, _F_CAPACITY)[0]
+        extension = _native(mode)
+        #: The C core, or None: this file's Python does the same.
+        self._core: Any = extension.RingCore(mm, create) if extension is not None else None
+        if self._core is None and create:
+            _U64.pack_into(mm, _F_MAGIC, _MAGIC)
+            _U64.pack_into(mm, _F_CAPACITY, len(mm) - HEADER)
+        if self._core is None and (len(mm) <= HEADER or _U64.unpack_from(mm, _F_MAGIC)[0] != _MAGIC
+                                   or _U64.unpack_from(mm, _F_CAPACITY)[0] != len(mm) - HEADER):
+            raise ValueError("the buffer does not hold an otel-training ring")
+        self.capacity = len(mm) - HEADER
         self._data = memoryview(mm)[HEADER:HEADER + self.capacity]
         self._lock = threading.Lock()
         self._write = _U64.unpack_from(mm, _F_WRITE)[0]
         self._read_seen = _U64.unpack_from(mm, _F_READ)[0]
+        self._read = self._read_seen  # the reader's own position: never taken back from shared memory
         #: When the reader was last seen to advance (monotonic), and the thread inside a write.
         self._progress_at = time.monotonic()
         self._owner: int | None = None
         self._full_since: float | None = None
-        self.closed = False
-        #: The writer's account (read in its own process only): span begin and end records dropped,
-        #: end records written, and seconds spent waiting for room.
+        self._closed = False
+        self._ends_written = 0
+        self._corrupt = 0
+        #: The writer's account (read in its own process only): span begin and end records dropped, and
+        #: seconds spent waiting for room.
         self.dropped_begins = 0
         self.dropped_ends = 0
-        self.ends_written = 0
         self.waited_s = 0.0
         #: How long a writer waits for room in a full ring, while ``alive()`` (the drain runs).
         self.wait_s = 0.0
         self.alive: Callable[[], bool] = lambda: True
 
-    @classmethod
-    def create(cls, capacity: int) -> Ring:
-        fd = os.memfd_create("otel-training-ring", getattr(os, "MFD_CLOEXEC", 1))
-        os.ftruncate(fd, HEADER + capacity)
-        mm = mmap.mmap(fd, HEADER + capacity)
-        _U64.pack_into(mm, _F_MAGIC, _MAGIC)
-        _U64.pack_into(mm, _F_CAPACITY, capacity)
-        return cls(fd, mm)
+    @property
+    def native(self) -> bool:
+        """Whether the C core serves this ring."""
+        return self._core is not None
 
     @classmethod
-    def attach(cls, fd: int) -> Ring:
+    def create(cls, capacity: int, mode: str = "auto") -> Ring:
+        fd = os.memfd_create("otel-training-ring", getattr(os, "MFD_CLOEXEC", 1))
+        os.ftruncate(fd, HEADER + capacity)
+        return cls(fd, mmap.mmap(fd, HEADER + capacity), create=True, mode=mode)
+
+    @classmethod
+    def attach(cls, fd: int, mode: str = "auto") -> Ring:
         size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size)
-        if size <= HEADER or _U64.unpack_from(mm, _F_MAGIC)[0] != _MAGIC:
+        if size <= HEADER:
             raise ValueError(f"file descriptor {fd} does not hold an otel-training ring")
-        return cls(fd, mm)
+        mm = mmap.mmap(fd, size)
+        try:
+            return cls(fd, mm, mode=mode)
+        except ValueError:
+            mm.close()
+            raise ValueError(f"file descriptor {fd} does not hold an otel-training ring") from None
 
     # -- header -------------------------------------------------------------
     def get(self, offset: int) -> int:
-        return _U64.unpack_from(self._mm, offset)[0]
+        core = self._core
+        return core.load(offset) if core is not None else _U64.unpack_from(self._mm, offset)[0]
 
     def put(self, offset: int, value: int) -> None:
-        _U64.pack_into(self._mm, offset, value)
+        if self._core is not None:
+            self._core.store(offset, value)
+        else:
+            _U64.pack_into(self._mm, offset, value)
 
     def used(self) -> int:
         """Bytes written and not yet read."""
         return self.get(_F_WRITE) - self.get(_F_READ)
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed if self._core is not None else self._closed
+
+    @property
+    def ends_written(self) -> int:
+        """End records written (in this process)."""
+        return self._core.ends_written if self._core is not None else self._ends_written
+
+    @property
+    def corrupt(self) -> int:
+        """Reads that found published bytes that did not frame as records (they were skipped)."""
+        return self._core.corrupt if self._core is not None else self._corrupt
 
     # -- writing (training process) ----------------------------------------
     def write(self, payload: bytes, begin: bool | None, deadline: float | None = None) -> bool:
@@ -119,51 +174,71 @@ class Ring:
         ends one, None for a control record (not counted as a span). A full ring is waited on while
         the reader is alive and reading: for span records at most ``wait_s``, for a control record
         until ``deadline`` (monotonic). The wait holds no lock, so a signal handler that writes the
-        records of the spans it ends is never blocked by the write it interrupted; a handler that
-        interrupts the few bytecodes of a write itself drops its record (counted) rather than
-        deadlock or tear it.
+        records of the spans it ends is never blocked by the write it interrupted. With the C core a
+        handler cannot run inside an append (the GIL is held across it); on the fallback, a handler that
+        interrupts the few bytecodes of a write itself drops its record (counted) rather than deadlock or
+        tear it.
         """
-        me = get_ident()
-        if self._owner == me:
-            return self._drop(begin)  # re-entered from a signal handler, mid-write
-        size = 4 + len(payload)
-        if size > self.capacity:
+        core = self._core
+        status = core.append(payload, begin) if core is not None else self._append_python(payload, begin)
+        if status == _OK:
+            return True
+        if status != _FULL:
             return self._drop(begin)
-        started = None
+        return self._wait_for_room(payload, begin, deadline)
+
+    def _wait_for_room(self, payload: bytes, begin: bool | None, deadline: float | None) -> bool:
+        started = now = time.monotonic()
+        if deadline is None:
+            deadline = now + self.wait_s
+        if self._full_since is None:
+            self._full_since = now
+        core = self._core
         while True:
-            with self._lock:
-                self._owner = me
-                try:
-                    if self.closed:
-                        return self._drop(begin)
-                    if self._write + size - self._read_seen <= self.capacity or self._room(size):
-                        self._append(payload, size)
-                        if begin is False:
-                            self.ends_written += 1
-                        if started is not None:
-                            self.waited_s += time.monotonic() - started
-                            self._full_since = None
-                        return True
-                finally:
-                    self._owner = None
-            now = time.monotonic()
-            if started is None:
-                started = now
-                if deadline is None:
-                    deadline = now + self.wait_s
-                if self._full_since is None:
-                    self._full_since = now
             if now >= deadline or not self.alive() or self.stalled(now):
                 self.waited_s += now - started
                 return self._drop(begin)
             time.sleep(_POLL_S)
+            seen = core.read_seen if core is not None else 0
+            status = core.append(payload, begin) if core is not None else self._append_python(payload, begin)
+            if core is not None and core.read_seen != seen:
+                self._progress_at = time.monotonic()
+            now = time.monotonic()
+            if status == _OK:
+                self.waited_s += now - started
+                self._full_since = None
+                return True
+            if status != _FULL:
+                return self._drop(begin)
+
+    def _append_python(self, payload: bytes, begin: bool | None) -> int:
+        """The fallback's append: ``_OK``, ``_FULL``, ``_TOO_BIG`` or ``_CLOSED`` (a re-entered write)."""
+        me = get_ident()
+        if self._owner == me:
+            return _CLOSED  # re-entered from a signal handler, mid-write: drop this record
+        size = 4 + len(payload)
+        if size > self.capacity:
+            return _TOO_BIG
+        with self._lock:
+            self._owner = me
+            try:
+                if self._closed:
+                    return _CLOSED
+                if self._write + size - self._read_seen > self.capacity and not self._room(size):
+                    return _FULL
+                self._append(payload, size)
+                if begin is False:
+                    self._ends_written += 1
+                return _OK
+            finally:
+                self._owner = None
 
     def _room(self, size: int) -> bool:
         read = _U64.unpack_from(self._mm, _F_READ)[0]
         if read != self._read_seen:
             self._read_seen = read
             self._progress_at = time.monotonic()
-        return self._write + size - read <= self.capacity
+        return read <= self._write and self._write + size - read <= self.capacity
 
     def stalled(self, now: float) -> bool:
         """The ring has been full for ``STALLED_S`` without the reader reading: it is alive but hung or
@@ -181,7 +256,7 @@ class Ring:
         else:
             self._put_bytes(write, _LEN.pack(size - 4) + payload)
         self._write = write = write + size
-        _U64.pack_into(self._mm, _F_WRITE, write)  # publishes the record
+        _U64.pack_into(self._mm, _F_WRITE, write)  # publishes the record (x86-64 store order)
 
     def _drop(self, begin: bool | None) -> bool:
         if begin:
@@ -199,28 +274,46 @@ class Ring:
 
     def close_writer(self) -> None:
         """Refuse (and count) every later record: a pipeline shut down, or a drain found dead."""
-        self.closed = True
+        self._closed = True
+        if self._core is not None:
+            self._core.closed = True
 
     def forget_in_child(self) -> None:
         """In a forked child: the ring is the parent's; write nothing more (the lock may be held: a new one)."""
         self._lock = threading.Lock()
         self._owner = None
-        self.closed = True
+        self.close_writer()
 
     # -- reading (drain process) --------------------------------------------
     def read(self, max_bytes: int = 1 << 20) -> list[bytes]:
         """The records published since the last read (up to about ``max_bytes``), consumed."""
-        read = _U64.unpack_from(self._mm, _F_READ)[0]
+        if self._core is not None:
+            return self._core.take(max_bytes)
+        start = self._read
         end = _U64.unpack_from(self._mm, _F_WRITE)[0]
+        if end < start or end - start > self.capacity:  # no position a writer could publish
+            self._corrupt += 1
+            if end > start:
+                self._consumed(end)
+            return []
         records = []
-        position = read
-        while position < end and position - read < max_bytes:
-            (length,) = _LEN.unpack(self._get_bytes(position, _LEN.size))
+        position = start
+        while position < end and position - start < max_bytes:
+            available = end - position
+            length = _LEN.unpack(self._get_bytes(position, _LEN.size))[0] if available >= _LEN.size else -1
+            if length < 0 or length > available - _LEN.size:  # does not frame: skip what was published
+                self._corrupt += 1
+                position = end
+                break
             records.append(self._get_bytes(position + _LEN.size, length))
             position += _LEN.size + length
-        if position != read:
-            _U64.pack_into(self._mm, _F_READ, position)  # the writer may reuse the space now
+        if position != start:
+            self._consumed(position)
         return records
+
+    def _consumed(self, position: int) -> None:
+        self._read = position
+        _U64.pack_into(self._mm, _F_READ, position)  # the writer may reuse the space now
 
     def _get_bytes(self, position: int, size: int) -> bytes:
         offset = position % self.capacity
@@ -230,7 +323,9 @@ class Ring:
 
     def close(self) -> None:
         """Unmap and close (the memory is freed once both processes have closed it)."""
-        self.closed = True
+        self.close_writer()
+        if self._core is not None:
+            self._core.release()
         try:
             self._data.release()
             self._mm.close()

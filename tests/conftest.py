@@ -16,8 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests never see the developer's OTEL_* / OTEL_TRAINING_* / launcher variables."""
+    """Tests never see the developer's OTEL_* / OTEL_TRAINING_* / launcher variables.
+
+    Except ``OTEL_TRAINING_NATIVE``: it picks the implementation under test (CI runs the suite once with the
+    C extension and once with ``OTEL_TRAINING_NATIVE=off``, the pure-Python fallback)."""
     for key in list(os.environ):
+        if key == "OTEL_TRAINING_NATIVE":
+            continue
         if key.startswith(("OTEL_", "TORCHELASTIC_", "SLURM_")) or key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"):
             monkeypatch.delenv(key, raising=False)
 

@@ -34,88 +34,6 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.skipif(_ring.supported() is not None, reason=f"offload unavailable: {_ring.supported()}")
 
 
-# -- the ring ----------------------------------------------------------------------------------------------
-def test_records_come_out_whole_and_in_order_across_the_wrap() -> None:
-    ring = Ring.create(256)
-    reader = Ring.attach(os.dup(ring.fd))
-    sent, got = [], []
-    for index in range(500):
-        payload = bytes([index % 251]) * (index % 37 + 1)
-        assert ring.write(payload, True)
-        sent.append(payload)
-        if index % 3 == 2:
-            got.extend(reader.read())
-    got.extend(reader.read())
-    assert got == sent
-    assert ring.dropped_begins == ring.dropped_ends == 0
-
-
-def test_a_full_ring_drops_at_once_and_counts_by_kind_when_the_reader_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = Ring.create(64)
-    ring.wait_s = 30.0
-    ring.alive = lambda: False
-    monkeypatch.setattr(_ring.time, "sleep", lambda seconds: pytest.fail("waited for a reader that is gone"))
-    written = [ring.write(b"x" * 20, True) for _ in range(2)]
-    assert written == [True, True]
-    assert not ring.write(b"x" * 20, True) and not ring.write(b"y" * 20, False)
-    assert not ring.write(b"z" * 100, False)  # bigger than the ring: never fits
-    assert (ring.dropped_begins, ring.dropped_ends, ring.ends_written) == (1, 2, 0)
-
-
-def test_a_full_ring_waits_for_a_live_reader_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = Ring.create(64)
-    reader = Ring.attach(os.dup(ring.fd))
-    ring.wait_s = 30.0
-    waiting = threading.Event()
-    real_sleep = time.sleep
-
-    def sleep(seconds: float) -> None:
-        waiting.set()
-        real_sleep(seconds)
-
-    monkeypatch.setattr(_ring.time, "sleep", sleep)
-    got: list[bytes] = []
-    drainer = threading.Thread(target=lambda: (waiting.wait(30), got.extend(reader.read())))
-    assert ring.write(b"a" * 28, True) and ring.write(b"b" * 28, False)
-    drainer.start()
-    assert ring.write(b"c" * 28, True)  # full: waits until the reader has read
-    drainer.join(30)
-    got.extend(reader.read())
-    assert got == [b"a" * 28, b"b" * 28, b"c" * 28]
-    assert ring.dropped_begins == ring.dropped_ends == 0 and ring.waited_s > 0
-
-
-def test_threads_writing_at_once_lose_and_tear_no_record() -> None:
-    ring = Ring.create(4096)
-    reader = Ring.attach(os.dup(ring.fd))
-    ring.wait_s = 30.0
-    threads, per_thread = 4, 3000
-    got: list[bytes] = []
-    done = threading.Event()
-
-    def drain() -> None:
-        while not done.is_set() or ring.used():
-            got.extend(reader.read())
-
-    def write(thread: int) -> None:
-        for index in range(per_thread):
-            assert ring.write(marshal.dumps((thread, index, "p" * (index % 50))), True)
-
-    drainer = threading.Thread(target=drain)
-    drainer.start()
-    writers = [threading.Thread(target=write, args=(thread,)) for thread in range(threads)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join()
-    done.set()
-    drainer.join(60)
-    records = [marshal.loads(payload) for payload in got]
-    assert all(text == "p" * (index % 50) for _, index, text in records)
-    for thread in range(threads):  # each thread's records, all there and in its order
-        assert [index for owner, index, _ in records if owner == thread] == list(range(per_thread))
-
-
 # -- the record tracer -------------------------------------------------------------------------------------
 def _provider(**kwargs: Any) -> tuple[RecordTracerProvider, list[tuple[Any, ...]]]:
     records: list[tuple[Any, ...]] = []
@@ -406,37 +324,6 @@ def test_tracers_asked_for_at_once_get_scopes_of_their_own() -> None:
         thread.join()
     scopes = {record[2]: record[1] for record in records if record[0] == 3}
     assert len(scopes) == 8 and len(set(scopes.values())) == 8
-
-
-def test_a_signal_handler_that_interrupts_a_write_drops_its_record_instead_of_deadlocking() -> None:
-    ring = Ring.create(4096)
-    reader = Ring.attach(os.dup(ring.fd))
-    append = ring._append  # noqa: SLF001
-    nested: list[bool] = []
-
-    def interrupted(payload: bytes, size: int) -> None:  # as if a signal handler ran in the middle
-        if not nested:
-            nested.append(ring.write(b"from the handler", False))
-        append(payload, size)
-
-    ring._append = interrupted  # type: ignore[method-assign]  # noqa: SLF001
-    assert ring.write(b"outer", True)
-    assert nested == [False] and ring.dropped_ends == 1
-    assert reader.read() == [b"outer"]
-
-
-def test_a_reader_alive_but_not_reading_stalls_a_writer_once_not_on_every_record(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ring, "STALLED_S", 0.05)
-    ring = Ring.create(64)
-    ring.wait_s = 30.0
-    assert ring.write(b"x" * 28, True) and ring.write(b"x" * 28, True)
-    started = time.monotonic()
-    assert not ring.write(b"y" * 28, True)  # waits until the reader is seen stalled, then drops
-    sleeps: list[float] = []
-    monkeypatch.setattr(_ring.time, "sleep", sleeps.append)
-    assert not ring.write(b"z" * 28, True) and sleeps == []  # still stalled: no second wait
-    assert ring.dropped_begins == 2 and time.monotonic() - started < 25  # not the 30 s of wait_s
 
 
 def test_start_span_as_a_context_manager_records_the_exception_as_the_sdk_does() -> None:

@@ -88,8 +88,12 @@ OPTIONS: tuple[Option, ...] = (
            "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
     Option("offload", _parse_bool, False,
            "Build, process and export spans in a drain process: this process only writes records to shared "
-           "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL. Linux x86-64; "
+           "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL. Linux (x86-64; aarch64 with the C extension); "
            "not with `watchdog` or a `stuck_action` yet ([offload.md](offload.md))."),
+    Option("native", _choice("auto", "on", "off"), "auto",
+           'The offload path\'s core: "auto" takes the C extension built with the package and falls back to pure '
+           'Python, saying so once in the log, where it did not build or load; "on" requires it (refused before '
+           'training without it); "off" forces the fallback ([offload.md](offload.md#native-core)).'),
     Option("offload_ring_mb", _positive(_parse_int, 4096), 16,
            "Size of the offload ring in MiB (a step's two records take about 260 bytes: 16 MiB hold six seconds of "
            "10 000 steps/s while the drain is behind)."),

@@ -204,6 +204,9 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     while not replayer.closed:
         records = ring.read()
         replayer.apply_all(records)
+        if ring.corrupt:
+            log_once("ring-corrupt", "otel_training: the offload ring held bytes that were not records (damaged "
+                     "shared memory); they were skipped and the spans in them are lost")
         now = time.monotonic()
         if now - published >= _PUBLISH_S or replayer.flush_token > ring.get(DRAIN_FIELDS["flushed"]):
             _publish(ring, telemetry, replayer)
@@ -235,7 +238,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)  # blocked since the fork: now ignored
     hello = pickle.load(sys.stdin.buffer)  # from the training process, over the pipe it made: trusted
-    ring = Ring.attach(int(argv[1]))
+    ring = Ring.attach(int(argv[1]), hello["options"]["native"])
     try:
         return run(ring, hello)
     finally:

@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._native_loader import problem as native_problem
 from otel_training._ring import DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
@@ -51,7 +52,10 @@ _WAIT_POLL_S = 0.001
 
 def check_offload(options: Mapping[str, Any]) -> None:
     """Refuse, before training, what offloading cannot do yet."""
-    why = supported()
+    if options["native"] == "on" and native_problem() is not None:
+        raise ConfigError(f"option native='on' (OTEL_TRAINING_NATIVE): {native_problem()}; rebuild the package "
+                          "with a C compiler (pip install .), or set native to auto or off")
+    why = supported(options["native"])
     if why is not None:
         raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD): not available here: {why}")
     if options["watchdog"]:
@@ -78,7 +82,7 @@ class OffloadTelemetry(Telemetry):
         if self.disabled:
             return  # nothing is recorded: the SDK's provider, with no exporter, stays
         sampler = self.tracer_provider.sampler  # the SDK's, from the environment
-        self._ring = ring = Ring.create(self.options["offload_ring_mb"] * 2**20)
+        self._ring = ring = Ring.create(self.options["offload_ring_mb"] * 2**20, self.options["native"])
         ring.wait_s = self.options["span_queue_max_wait_s"] if self.options["span_queue_policy"] == "wait" else 0.0
         ring.alive = self._drain_alive
         self._drain = self._start_drain(ring)
