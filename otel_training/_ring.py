@@ -55,9 +55,10 @@ _F_MAGIC, _F_CAPACITY = 0, 8
 _F_WRITE = 64
 _F_READ = 128
 #: What the drain reports back: its pid, the last flush it finished, its pipeline's counts, done.
-#: ``replayed``: end records replayed; ``orphans``: end records whose begin never came (it was dropped).
+#: ``replayed``: end records replayed; ``orphans``: end records whose begin never came (it was dropped);
+#: ``bad``: records that did not decode as a record of their kind (each counted as one span lost).
 DRAIN_FIELDS = {name: 192 + 8 * index for index, name in enumerate(
-    ("pid", "flushed", "replayed", "orphans", "exported", "dropped", "pending", "spooled", "done", "lost"))}
+    ("pid", "flushed", "replayed", "orphans", "exported", "dropped", "pending", "spooled", "done", "lost", "bad"))}
 #: How often a writer facing a full ring looks again (sleeping also lets the drain run).
 _POLL_S = 0.0002
 #: A reader that has not advanced for this long while records waited is stalled: nobody waits for it.

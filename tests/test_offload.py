@@ -171,6 +171,25 @@ def test_flush_returns_once_the_drain_has_exported_and_counts_match_the_file(off
     assert result.exported == len(spans) and sum(span["name"] == sc.SPAN_STEP for span in spans) == 200
 
 
+def test_a_record_the_drain_cannot_decode_is_counted_as_dropped_and_the_rest_are_exported(
+        offloaded: Any) -> None:
+    telemetry = offloaded()
+    trainer = otel_training.TrainerProcess()
+    with trainer.step(global_step=0):
+        pass
+    # As damaged shared memory would leave them: an end record whose end time is text, and bytes that are no
+    # record at all. Written as the training process writes its records, so they count as written ends.
+    ring = telemetry._ring  # noqa: SLF001 - the ring this pipeline writes, damaged on purpose
+    assert ring.write(marshal.dumps((END, 12345, "later")), False) and ring.write(b"\xff\x00garbage", False)
+    with trainer.step(global_step=1):
+        pass
+    result = telemetry.force_flush(timeout_s=30)
+    spans = read_spans(telemetry.trace_path)
+    assert sum(span["name"] == sc.SPAN_STEP for span in spans) == 2
+    assert result.completed and result.dropped == 2 and result.pending == 0
+    assert ring.get(DRAIN_FIELDS["bad"]) == 2
+
+
 def test_a_dead_drain_costs_training_nothing_and_every_lost_span_is_counted(offloaded: Any) -> None:
     telemetry = offloaded(offload_ring_mb=1, exit_timeout_s=1)
     trainer = otel_training.TrainerProcess()

@@ -41,6 +41,7 @@ from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, 
 from otel_training._contain import log_once
 from otel_training._ring import DRAIN_FIELDS, Ring
 from otel_training.pipeline.plugins import install_plugins
+from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.record_tracer import BEGIN, CLOSE, END, FLUSH, SCOPE
 from otel_training.pipeline.telemetry import Telemetry
 
@@ -118,13 +119,31 @@ class Replayer:
         self.ends_without_begin = 0
         self.flush_token = 0
         self.closed = False
+        #: Records that did not decode as a record of their kind (``check_record``).
+        self.bad = 0
 
     def apply_all(self, payloads: list[bytes]) -> None:
         for payload in payloads:
             try:
-                self.apply(marshal.loads(payload))
+                record = marshal.loads(payload)
+            except Exception:  # noqa: BLE001 - marshal refuses damaged bytes with several types
+                record = None
+            problem = check_record(record)
+            if problem is not None:
+                self._refuse(record, problem)
+                continue
+            try:
+                self.apply(record)
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
-                log_once("drain-replay", "otel_training: the drain could not replay a record")
+                self._refuse(record, "the SDK refused it")
+
+    def _refuse(self, record: Any, problem: str) -> None:
+        """A record that does not decode: counted as one span lost (a damaged end record's span is discarded)."""
+        self.bad += 1
+        if isinstance(record, tuple) and len(record) >= 2 and record[0] == END and isinstance(record[1], int):
+            self.open.pop(record[1], None)
+        log_once("drain-bad-record", "otel_training: the drain skipped a record it could not decode (%s); its span "
+                 "is counted as dropped (further occurrences are counted, not logged)", problem, exc_info=False)
 
     def apply(self, record: tuple[Any, ...]) -> None:
         kind = record[0]
@@ -187,6 +206,7 @@ def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0
     for field, value in (("replayed", replayer.replayed), ("orphans", replayer.ends_without_begin),
                          ("exported", exported), ("dropped", dropped),
                          ("pending", pending), ("spooled", telemetry.spans_spooled), ("lost", lost),
+                         ("bad", replayer.bad),
                          ("flushed", replayer.flush_token)):
         ring.put(DRAIN_FIELDS[field], value)
 

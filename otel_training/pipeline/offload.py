@@ -205,10 +205,13 @@ class OffloadTelemetry(Telemetry):
         # had not replayed is lost too.
         self._drain_alive()
         get, drain = ring.get, DRAIN_FIELDS
-        orphans = get(drain["orphans"])
+        # A record the drain could not decode loses its span too (counted once: a damaged end record's span is
+        # discarded; a damaged begin record's end then arrives alone, an orphan, so at most one span is counted
+        # twice, and only for a record too damaged to tell its kind).
+        orphans, bad = get(drain["orphans"]), get(drain["bad"])
         lost = ring.dropped_ends + self.tracer_provider.ring_drops + orphans  # type: ignore[attr-defined]
-        dropped = lost + get(drain["dropped"]) + get(drain["lost"])
-        unread = max(0, ring.ends_written - get(drain["replayed"]) - orphans)
+        dropped = lost + get(drain["dropped"]) + get(drain["lost"]) + bad
+        unread = max(0, ring.ends_written - get(drain["replayed"]) - orphans - bad)
         if self._drain_gone and get(drain["done"]) != 1:
             return get(drain["exported"]), dropped + unread + get(drain["pending"]), 0
         return get(drain["exported"]), dropped, unread + get(drain["pending"])
