@@ -8,7 +8,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "records.h"
 #include "ring.h"
+
+/* The header word where the drain says what it can read (bit OT_CAP_FAST_RECORDS: the records of records.h).
+ * _ring.DRAIN_FIELDS["caps"] names the same word (tests/test_ring.py checks). */
+#define OT_F_CAPS 280u
+#define OT_CAP_FAST_RECORDS 1u
 
 typedef struct {
     PyObject_HEAD
@@ -18,6 +24,8 @@ typedef struct {
     ot_ring ring;
     unsigned long long ends_written; /* end records written (kind 0) */
     unsigned long long corrupt;      /* takes that found bytes that did not frame as records */
+    PyObject *trace_id;              /* the last trace id a child was begun in, and its two halves */
+    uint64_t trace_high, trace_low;
 } RingCore;
 
 static int ring_core_init(RingCore *self, PyObject *args, PyObject *kwargs) {
@@ -45,6 +53,7 @@ static int ring_core_init(RingCore *self, PyObject *args, PyObject *kwargs) {
 
 static void ring_core_dealloc(RingCore *self) {
     if (self->has_view) PyBuffer_Release(&self->view);
+    Py_CLEAR(self->trace_id);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -159,6 +168,243 @@ static PyObject *ring_core_release(RingCore *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* -- the fast records (records.h) ------------------------------------------------------------------------- */
+
+/* A text as UTF-8 without copying; 0, or -1 (no exception set) when it is not an exact str that encodes. */
+static int utf8_of(PyObject *text, ot_str *out) {
+    if (!PyUnicode_CheckExact(text)) return -1;
+    Py_ssize_t length;
+    const char *data = PyUnicode_AsUTF8AndSize(text, &length);
+    if (data == NULL) {
+        PyErr_Clear(); /* lone surrogates: the marshal path carries them */
+        return -1;
+    }
+    if ((unsigned long long)length > UINT32_MAX) return -1;
+    out->data = data;
+    out->length = (uint32_t)length;
+    return 0;
+}
+
+/* The attributes of a fast record; 0, or -1 (no exception set) when one is not bool, int64, float or str. */
+static int attributes_of(PyObject *attributes, ot_record *record) {
+    record->count = 0;
+    if (attributes == Py_None) return 0;
+    if (!PyDict_CheckExact(attributes) || PyDict_GET_SIZE(attributes) > OT_MAX_ATTRIBUTES) return -1;
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(attributes, &position, &key, &value)) {
+        ot_attribute *attribute = &record->attributes[record->count++];
+        if (utf8_of(key, &attribute->key)) return -1;
+        if (value == Py_True || value == Py_False) {
+            attribute->tag = OT_BOOL;
+            attribute->value.integer = value == Py_True;
+        } else if (PyLong_CheckExact(value)) {
+            int overflow;
+            attribute->value.integer = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow || (attribute->value.integer == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return -1;
+            }
+            attribute->tag = OT_INT;
+        } else if (PyFloat_CheckExact(value)) {
+            attribute->tag = OT_FLOAT;
+            attribute->value.number = PyFloat_AS_DOUBLE(value);
+        } else if (PyUnicode_CheckExact(value)) {
+            attribute->tag = OT_STR;
+            if (utf8_of(value, &attribute->value.text)) return -1;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int fast_allowed(RingCore *self) {
+    uint64_t caps;
+    return !self->closed && self->has_view && ot_ring_load(&self->ring, OT_F_CAPS, &caps) == 0 &&
+           (caps & OT_CAP_FAST_RECORDS);
+}
+
+/* Encode and append; the payload as bytes when the ring refused it (the caller waits or drops), else None. */
+static PyObject *write_record(RingCore *self, const ot_record *record) {
+    size_t size = ot_record_size(record);
+    if (size == 0) return NULL; /* not encodable: no exception, the caller falls back */
+    uint8_t stack[2048];
+    uint8_t *buffer = size <= sizeof stack ? stack : PyMem_Malloc(size);
+    if (buffer == NULL) return PyErr_NoMemory();
+    ot_record_encode(record, buffer);
+    int moved;
+    int status = ot_ring_append(&self->ring, buffer, (uint32_t)size, &moved);
+    PyObject *result;
+    if (status == OT_OK) {
+        if (record->type == OT_RECORD_END) self->ends_written++;
+        result = Py_NewRef(Py_None);
+    } else {
+        result = PyBytes_FromStringAndSize((const char *)buffer, (Py_ssize_t)size);
+    }
+    if (buffer != stack) PyMem_Free(buffer);
+    return result;
+}
+
+static int split_trace_id(RingCore *self, PyObject *trace_id, ot_record *record) {
+    if (trace_id == self->trace_id) { /* the same trace as the last child: no arithmetic */
+        record->trace_id_high = self->trace_high, record->trace_id_low = self->trace_low;
+        return 0;
+    }
+    if (!PyLong_CheckExact(trace_id)) return -1;
+    PyObject *shift = PyLong_FromLong(64);
+    PyObject *high = shift ? PyNumber_Rshift(trace_id, shift) : NULL;
+    Py_XDECREF(shift);
+    if (high == NULL) return -1;
+    unsigned long long high_value = PyLong_AsUnsignedLongLong(high);
+    Py_DECREF(high);
+    if (high_value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    record->trace_id_high = high_value;
+    record->trace_id_low = PyLong_AsUnsignedLongLongMask(trace_id);
+    Py_XSETREF(self->trace_id, Py_NewRef(trace_id));
+    self->trace_high = record->trace_id_high, self->trace_low = record->trace_id_low;
+    return 0;
+}
+
+static PyObject *trace_id_object(uint64_t high, uint64_t low) {
+    PyObject *high_object = PyLong_FromUnsignedLongLong(high), *low_object = PyLong_FromUnsignedLongLong(low);
+    PyObject *shift = PyLong_FromLong(64), *shifted = NULL, *result = NULL;
+    if (high_object && low_object && shift && (shifted = PyNumber_Lshift(high_object, shift)))
+        result = PyNumber_Or(shifted, low_object);
+    Py_XDECREF(high_object), Py_XDECREF(low_object), Py_XDECREF(shift), Py_XDECREF(shifted);
+    return result;
+}
+
+/* begin(name, kind, attributes, scope, trace_id, parent_id, remote, flags, parent_flags, start) ->
+ *   (trace_id, span_id, start, refused payload or None), or None when this span cannot be a fast record
+ *   (the drain does not read them, the ring is closed, a value is not bool/int64/float/str): then the caller
+ *   writes its marshal record. trace_id 0: a new root (its id drawn here); start -1: now. */
+static PyObject *ring_core_begin(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "begin() takes ten arguments");
+        return NULL;
+    }
+    if (!fast_allowed(self)) Py_RETURN_NONE;
+    ot_record record;
+    record.type = OT_RECORD_BEGIN;
+    long kind = PyLong_AsLong(args[1]);
+    unsigned long long scope = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long parent_id = PyLong_AsUnsignedLongLong(args[5]);
+    long flags = PyLong_AsLong(args[7]), parent_flags = PyLong_AsLong(args[8]);
+    long long start = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    if (kind < 0 || kind > 255 || scope > UINT32_MAX || flags < 0 || flags > 255 || parent_flags < 0 ||
+        parent_flags > 255 || utf8_of(args[0], &record.name) || attributes_of(args[2], &record))
+        Py_RETURN_NONE;
+    record.kind = (uint8_t)kind, record.flags = (uint8_t)flags, record.parent_flags = (uint8_t)parent_flags;
+    record.remote = PyObject_IsTrue(args[6]) == 1;
+    record.scope = (uint32_t)scope;
+    record.parent_id = parent_id;
+    int root = PyLong_CheckExact(args[4]) && PyObject_IsTrue(args[4]) == 0; /* trace id 0: a new root */
+    if (root) {
+        record.trace_id_high = ot_random_id(), record.trace_id_low = ot_random_id();
+    } else if (split_trace_id(self, args[4], &record)) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    record.span_id = ot_random_id();
+    record.time = start < 0 ? ot_now_ns() : start;
+    PyObject *refused = write_record(self, &record);
+    if (refused == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *trace_id = root ? trace_id_object(record.trace_id_high, record.trace_id_low) : Py_NewRef(args[4]);
+    if (trace_id == NULL) {
+        Py_DECREF(refused);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("(NKLN)", trace_id, (unsigned long long)record.span_id,
+                                     (long long)record.time, refused);
+    return result;
+}
+
+/* end(span_id, end, updates) -> refused payload or None (written) in a one-tuple, or None when this end
+ * cannot be a fast record (the caller writes its marshal record). */
+static PyObject *ring_core_end(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "end() takes three arguments");
+        return NULL;
+    }
+    if (!fast_allowed(self)) Py_RETURN_NONE;
+    ot_record record;
+    record.type = OT_RECORD_END;
+    record.span_id = PyLong_AsUnsignedLongLong(args[0]);
+    long long end = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    record.time = end;
+    if (attributes_of(args[2], &record)) Py_RETURN_NONE;
+    PyObject *refused = write_record(self, &record);
+    if (refused == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(N)", refused);
+}
+
+/* decode(payload) -> the record as the tuple its marshal form gives; ValueError when it is not one. */
+static PyObject *native_decode(PyObject *module, PyObject *payload) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    ot_record *record = PyMem_Malloc(sizeof *record);
+    PyObject *result = NULL, *attributes = NULL;
+    if (record == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (ot_record_parse(view.buf, (size_t)view.len, record) != 0) {
+        PyErr_SetString(PyExc_ValueError, "not a fast span record");
+        goto done;
+    }
+    if (record->count) {
+        attributes = PyDict_New();
+        if (attributes == NULL) goto done;
+        for (uint16_t index = 0; index < record->count; index++) {
+            ot_attribute *attribute = &record->attributes[index];
+            PyObject *key = PyUnicode_DecodeUTF8(attribute->key.data, attribute->key.length, "strict");
+            PyObject *value = NULL;
+            switch (attribute->tag) {
+            case OT_BOOL: value = PyBool_FromLong((long)attribute->value.integer); break;
+            case OT_INT: value = PyLong_FromLongLong(attribute->value.integer); break;
+            case OT_FLOAT: value = PyFloat_FromDouble(attribute->value.number); break;
+            default: value = PyUnicode_DecodeUTF8(attribute->value.text.data, attribute->value.text.length, "strict");
+            }
+            int failed = key == NULL || value == NULL || PyDict_SetItem(attributes, key, value) < 0;
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            if (failed) goto done;
+        }
+    } else {
+        attributes = Py_NewRef(Py_None);
+    }
+    if (record->type == OT_RECORD_END) {
+        result = record->count ? Py_BuildValue("(iKLOOOOO)", 2, (unsigned long long)record->span_id,
+                                              (long long)record->time, attributes, Py_None, Py_None, Py_None, Py_None)
+                               : Py_BuildValue("(iKL)", 2, (unsigned long long)record->span_id, (long long)record->time);
+    } else {
+        PyObject *name = PyUnicode_DecodeUTF8(record->name.data, record->name.length, "strict");
+        PyObject *trace_id = name ? trace_id_object(record->trace_id_high, record->trace_id_low) : NULL;
+        if (trace_id != NULL)
+            result = Py_BuildValue("(iKNKONLiOOkOii)", 1, (unsigned long long)record->span_id, trace_id,
+                                   (unsigned long long)record->parent_id, record->remote ? Py_True : Py_False,
+                                   name, (long long)record->time, (int)record->kind, attributes, Py_None,
+                                   (unsigned long)record->scope, Py_None, (int)record->flags, (int)record->parent_flags);
+        else
+            Py_XDECREF(name);
+    }
+done:
+    Py_XDECREF(attributes);
+    PyMem_Free(record);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *get_closed(RingCore *self, void *unused) {
     (void)unused;
     return PyBool_FromLong(self->closed);
@@ -193,6 +439,11 @@ static PyMethodDef ring_core_methods[] = {
     {"store", (PyCFunction)(void (*)(void))ring_core_store, METH_FASTCALL,
      "store(offset, value): the header word at offset (release)"},
     {"release", (PyCFunction)ring_core_release, METH_NOARGS, "Close and let go of the buffer."},
+    {"begin", (PyCFunction)(void (*)(void))ring_core_begin, METH_FASTCALL,
+     "begin(name, kind, attributes, scope, trace_id, parent_id, remote, flags, parent_flags, start) -> "
+     "(trace_id, span_id, start, refused payload or None), or None: write the marshal record instead"},
+    {"end", (PyCFunction)(void (*)(void))ring_core_end, METH_FASTCALL,
+     "end(span_id, end, updates) -> (refused payload or None,), or None: write the marshal record instead"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -218,10 +469,16 @@ static PyTypeObject RingCoreType = {
     .tp_getset = ring_core_getset,
 };
 
+static PyMethodDef native_functions[] = {
+    {"decode", (PyCFunction)native_decode, METH_O,
+     "decode(payload) -> a fast span record as the tuple its marshal form gives; ValueError when it is not one"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "otel_training._native",
-    "The offload path's native core (the ring). The pure-Python fallback is otel_training/_ring.py.", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    "The offload path's native core (the ring, the fast span records). The pure-Python fallback is "
+    "otel_training/_ring.py with marshal records.", -1, native_functions, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
@@ -231,7 +488,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&RingCoreType);
     if (PyModule_AddObject(module, "RingCore", (PyObject *)&RingCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 1) < 0) {
+        PyModule_AddIntConstant(module, "ABI", 2) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(&RingCoreType);
         Py_DECREF(module);
         return NULL;

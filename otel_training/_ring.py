@@ -56,9 +56,12 @@ _F_WRITE = 64
 _F_READ = 128
 #: What the drain reports back: its pid, the last flush it finished, its pipeline's counts, done.
 #: ``replayed``: end records replayed; ``orphans``: end records whose begin never came (it was dropped);
-#: ``bad``: records that did not decode as a record of their kind (each counted as one span lost).
+#: ``bad``: records that did not decode as a record of their kind (each counted as one span lost);
+#: ``caps``: what the drain reads besides marshal records (``CAP_FAST_RECORDS``: the C core's fast records).
 DRAIN_FIELDS = {name: 192 + 8 * index for index, name in enumerate(
-    ("pid", "flushed", "replayed", "orphans", "exported", "dropped", "pending", "spooled", "done", "lost", "bad"))}
+    ("pid", "flushed", "replayed", "orphans", "exported", "dropped", "pending", "spooled", "done", "lost", "bad",
+     "caps"))}
+CAP_FAST_RECORDS = 1
 #: How often a writer facing a full ring looks again (sleeping also lets the drain run).
 _POLL_S = 0.0002
 #: A reader that has not advanced for this long while records waited is stalled: nobody waits for it.
@@ -119,6 +122,14 @@ class Ring:
     def native(self) -> bool:
         """Whether the C core serves this ring."""
         return self._core is not None
+
+    def fast_records(self) -> Any:
+        """The C core's writer of fast span records (``record_tracer.FastRecords``), or None on the fallback.
+
+        It writes them only once the drain has said it reads them (``DRAIN_FIELDS["caps"]``); until then, and
+        for any span it cannot encode, its ``begin`` and ``end`` return None and the caller writes marshal.
+        """
+        return self._core
 
     @classmethod
     def create(cls, capacity: int, mode: str = "auto") -> Ring:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from environ import child_environ
+
 from otel_training import semconv as sc
 from otel_training.analysis.hang import GroupView, RankView
 from otel_training.analysis.records import RunKey, SpanRecord
@@ -81,7 +83,7 @@ class Ranks:
 
 
 def env_for(out: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCH_FR", "RANK", "WORLD_SIZE"))}
+    env = child_environ("TORCH_FR", "RANK", "WORLD_SIZE")
     env.update(OTEL_TRAINING_EXPORTER="file", OTEL_TRAINING_OUTPUT_DIR=str(out), OTEL_TRAINING_JOB_ID="hang-test",
                OTEL_METRIC_EXPORT_INTERVAL="200", OTEL_BSP_SCHEDULE_DELAY="100", OTEL_TRAINING_STUCK_THRESHOLD_S="2",
                TORCH_FR_BUFFER_SIZE="200", PYTHONUNBUFFERED="1")

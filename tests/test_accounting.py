@@ -7,7 +7,6 @@ Every timeline is built with explicit timestamps (seconds from a fixed origin).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
+
+from environ import child_environ
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord, account, ideal_step_time
@@ -237,7 +238,7 @@ def test_two_torchrun_launches_without_rdzv_id_are_two_jobs(tmp_path: Path) -> N
         "            pass\n"
     )
     out = tmp_path / "traces"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    env = child_environ("TORCHELASTIC_")
     env.update(OTEL_TRAINING_OUTPUT_DIR=str(out), OTEL_TRAINING_METRICS="false")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port"]
     for port in ("29611", "29612"):

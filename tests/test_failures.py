@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from environ import child_environ
 from otlp_json import read_spans
 
 import otel_training
@@ -36,7 +37,7 @@ def _default_signals() -> None:
 
 
 def _run_script(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     return subprocess.Popen(
         [sys.executable, str(SCRIPTS / "train_until_step3.py"), str(tmp_path / "traces"), mode],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_signals,
@@ -129,7 +130,7 @@ def test_flush_against_a_collector_that_never_answers_is_bounded(configure, monk
 
 
 def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
     process = subprocess.Popen([sys.executable, str(SCRIPTS / "steps_then_exit.py")], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
@@ -144,7 +145,7 @@ def test_process_exit_is_bounded_when_the_collector_is_gone(tmp_path: Path) -> N
 
 def _start_in_own_group(script: str, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``tests/scripts/<script>`` with ``args``, in a session of its own (killed whole at the end)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env.update(env_extra or {})
     return subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -373,7 +374,7 @@ def test_a_handler_installed_after_configure_decides_what_a_signal_does(tmp_path
 def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Path) -> None:
     """Pool workers terminated with SIGTERM must not end their copies of the parent's step."""
     result = subprocess.run([sys.executable, str(SCRIPTS / "fork_pool_in_step.py"), str(tmp_path)],
-                            capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+                            capture_output=True, text=True, timeout=60, env=child_environ())
     assert result.returncode == 0, result.stderr
     spans = read_spans(tmp_path / "traces-r0.jsonl")
     ids = [span["span_id"] for span in spans]

@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from requirements import require
+from environ import child_environ
 from otlp_json import read_spans
+from requirements import require
 
 from otel_training import semconv as sc
 from otel_training.integrations.auto import DESCENDANT, LAUNCHER, OWNER, decide, is_launcher
@@ -128,7 +129,7 @@ def test_run_refuses_what_would_leave_the_program_uninstrumented(tmp_path: Path,
     blocker.write_text("")
     value = value.format(blocker=blocker)
     marker = tmp_path / "ran"
-    env = {key: item for key, item in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     result = _run([OTEL_TRAINING, "run", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
                   env={**env, variable: value})
     assert result.returncode == 2, result.stderr

@@ -20,15 +20,17 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from environ import child_environ
 from otlp_json import read_spans
 from waiting import wait_until
 
 import otel_training
-from otel_training import _ring
+from otel_training import _native_loader, _ring
 from otel_training import semconv as sc
-from otel_training._ring import DRAIN_FIELDS, Ring
+from otel_training._ring import DRAIN_FIELDS
 from otel_training.config.options import ConfigError
-from otel_training.pipeline.record_tracer import BEGIN, END, RecordTracerProvider
+from otel_training.pipeline.record_tracer import RecordTracerProvider
+from otel_training.pipeline.records import BEGIN, END
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.skipif(_ring.supported() is not None, reason=f"offload unavailable: {_ring.supported()}")
@@ -102,7 +104,7 @@ def test_a_forked_child_writes_no_record_into_its_parents_ring() -> None:
 
 # -- the whole path: a drain process ----------------------------------------------------------------------
 def _run_workload(directory: Path, mode: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     return subprocess.run([sys.executable, str(SCRIPTS / "offload_workload.py"), str(directory), mode, *extra],
                           capture_output=True, text=True, env=env, timeout=120, check=True)
 
@@ -136,6 +138,18 @@ def test_offloaded_spans_are_the_spans_the_process_would_have_exported(tmp_path:
     assert segments, "the trace budget rolled the epoch into segments"
     for key in ("service.name", sc.TRAINING_RANK, "telemetry.sdk.version"):
         assert after[0]["resource"][key] == before[0]["resource"][key]
+
+
+def test_fast_records_through_the_drain_are_the_spans_the_process_would_have_exported(tmp_path: Path) -> None:
+    """The workload after the drain has said it reads the C core's fast records: steps and plain spans go as
+    fast records, the rest as marshal, and the file is the in-process one. On the fallback, all marshal."""
+    _run_workload(tmp_path / "inprocess", "inprocess")
+    result = _run_workload(tmp_path / "offload", "offload-ready")
+    native = _native_loader.native(os.environ.get("OTEL_TRAINING_NATIVE", "auto")) is not None
+    assert result.stdout.split()[0] == ("fast" if native else "marshal")
+    before = read_spans(tmp_path / "inprocess" / "traces-r0.jsonl")
+    after = read_spans(tmp_path / "offload" / "traces-r0.jsonl")
+    assert len(before) > 80 and _shape(after) == _shape(before)
 
 
 def test_a_killed_training_process_still_gets_what_it_wrote_exported(tmp_path: Path) -> None:
@@ -224,7 +238,7 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
 
 
 def test_a_signal_ends_the_open_offloaded_spans_and_they_are_exported(tmp_path: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["OTEL_TRAINING_OFFLOAD"] = "true"
     process = subprocess.Popen([sys.executable, str(SCRIPTS / "train_until_step3.py"), str(tmp_path), "sleep"],
                                stdout=subprocess.PIPE, text=True, env=env,
@@ -284,7 +298,7 @@ def test_otel_training_run_turns_its_default_watchdog_off_for_offload_and_refuse
 
 # -- found by the review: each failed before its fix --------------------------------------------------------
 def test_a_forked_child_that_reconfigures_and_exits_leaves_the_parents_drain_alone(tmp_path: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     result = subprocess.run([sys.executable, str(SCRIPTS / "offload_fork.py"), str(tmp_path)], capture_output=True,
                             text=True, env=env, timeout=120, check=True)
     assert "dropped=0" in result.stdout and "completed=True" in result.stdout, result.stdout + result.stderr
@@ -409,7 +423,7 @@ def test_otel_training_run_offloads_an_unmodified_torch_loop(tmp_path: Path) -> 
     from requirements import require
 
     require("torch")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     result = subprocess.run([str(Path(sys.executable).parent / "otel-training"), "run", "--output-dir", str(tmp_path),
                              "-o", "offload=true", "--", sys.executable, str(SCRIPTS / "torch_tiny_loop.py"), "7"],
                             capture_output=True, text=True, env=env, timeout=120)

@@ -153,3 +153,99 @@ def _discarded(stream: list[bytes]) -> set[int]:
                 and record[0] == 2 and isinstance(record[1], int):
             discarded.add(record[1])
     return discarded
+
+
+# -- the C core's fast records -----------------------------------------------------------------------------
+def _native_or_skip() -> Any:
+    import os
+
+    from otel_training import _native_loader
+
+    if os.environ.get("OTEL_TRAINING_BUILD_NATIVE") == "0":
+        pytest.skip("the C extension's build was skipped on purpose (OTEL_TRAINING_BUILD_NATIVE=0)")
+    return _native_loader.native("on")
+
+
+def _exported(payloads: list[bytes], decode_fast: Any) -> list[tuple[Any, ...]]:
+    pipeline = _Pipeline()
+    replayer = Replayer(pipeline, pipeline.ids, decode_fast)  # type: ignore[arg-type]
+    replayer.apply_all(payloads)
+    assert replayer.bad == 0
+    spans = pipeline.exporter.get_finished_spans()
+    names = {span.context.span_id: span.name for span in spans}
+    return sorted((span.name, names.get(span.parent.span_id) if span.parent else None, span.kind.value,
+                   tuple(sorted(span.attributes.items())), span.status.status_code.value,
+                   tuple(event.name for event in span.events), len(span.links),
+                   span.end_time - span.start_time >= 0) for span in spans)
+
+
+def _workload(provider: RecordTracerProvider) -> None:
+    tracer = provider.get_tracer("scope", "1.0")
+    with tracer.start_as_current_span("train", attributes={"n": 3, "f": 0.5, "b": False, "s": "x"}):
+        for step in range(20):
+            span = tracer.start_span("training.step", attributes={"training.step": step})
+            span.set_attribute("training.step.substeps", 2)
+            span.set_attribute("loss", 0.25 * step)
+            span.end()
+        odd = tracer.start_span("odd values", attributes={"sizes": (1, 2), "huge": 1 << 70})  # marshal
+        odd.add_event("happened", {"k": 1})  # an event: its end record is marshal
+        odd.end()
+        tracer.start_span("client", kind=SpanKind.CLIENT).end()
+
+
+def test_fast_records_replay_as_the_spans_their_marshal_records_make() -> None:
+    import os
+
+    from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
+
+    native = _native_or_skip()
+    ring = Ring.create(1 << 20, "on")
+    reader = Ring.attach(os.dup(ring.fd), "on")
+    plain = RecordTracerProvider(lambda payload, begin: True, Resource.create({}))
+    fast = RecordTracerProvider(ring.write, Resource.create({}), fast=ring.fast_records())
+    # Before the drain says it reads them, the core writes none: every record is marshal.
+    _workload(fast)
+    before = reader.read(1 << 30)
+    assert before and all(payload[0] >= 3 for payload in before)
+    reader.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
+    _workload(fast)
+    after = reader.read(1 << 30)
+    fast_records = [payload for payload in after if payload[0] < 3]
+    assert len(fast_records) >= 40  # the steps' begins and ends at least
+    assert any(payload[0] >= 3 for payload in after)  # sequences, big ints and events still go as marshal
+    marshal_payloads: list[bytes] = []
+    plain.emit = lambda payload, begin: marshal_payloads.append(payload) or True  # type: ignore[method-assign]
+    _workload(plain)
+    assert _exported(before, native.decode) == _exported(marshal_payloads, None) == _exported(after, native.decode)
+    assert all(check_record(native.decode(payload)) is None for payload in fast_records)
+
+
+def test_damaged_fast_records_are_refused_never_misread() -> None:
+    """Truncated and bit-flipped fast records: the C decoder raises ValueError or gives a tuple the check
+    judges; nothing else (scripts/native-check fuzzes the C parser under the sanitizers)."""
+    import os
+
+    from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
+
+    native = _native_or_skip()
+    ring = Ring.create(1 << 20, "on")
+    reader = Ring.attach(os.dup(ring.fd), "on")
+    reader.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
+    _workload(RecordTracerProvider(ring.write, Resource.create({}), fast=ring.fast_records()))
+    fast_records = [payload for payload in reader.read(1 << 30) if payload[0] < 3]
+    generator = random.Random(5)
+    refused = 0
+    for _ in range(20_000):
+        data = bytearray(generator.choice(fast_records))
+        if generator.random() < 0.5:
+            del data[generator.randrange(1, len(data)):]
+        for _ in range(generator.randint(1, 3)):
+            data[generator.randrange(len(data))] = generator.getrandbits(8)
+        try:
+            record = native.decode(bytes(data))
+        except ValueError:
+            refused += 1
+            continue
+        assert isinstance(record, tuple) and record[0] in (1, 2)
+        check_record(record)  # judged, whatever it says
+    assert refused > 5_000

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from clocks import FakeClock
+from environ import child_environ
 from otlp_json import read_spans
 from waiting import wait_until
 
@@ -273,7 +273,7 @@ def test_configure_exports_the_alert_to_the_file_at_once(configure: Callable[...
 
 def run_script(script: str, tmp_path: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """``tests/scripts/<script>``, in ``tmp_path``."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run([sys.executable, str(REPO / "tests" / "scripts" / script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from environ import child_environ
 from otlp_json import read_spans
 
 from otel_training import semconv as sc
@@ -15,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_demo(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["PYTHONPATH"] = str(REPO)
     result = subprocess.run(
         [sys.executable, "-c", "import sys; from otel_training.cli.main import main; sys.exit(main(sys.argv[1:]))",
@@ -47,7 +48,7 @@ def test_demo_runs_with_only_the_core_installed(tmp_path: Path) -> None:
     blocker.mkdir()
     (blocker / "matplotlib").mkdir()
     (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["PYTHONPATH"] = os.pathsep.join([str(blocker), str(REPO)])
     code = ("import importlib.util, sys\n"
             "real = importlib.util.find_spec\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from environ import child_environ
 from otlp_json import read_spans
 from waiting import first_value, wait_until
 
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def start_script(script: str, tmp_path: Path) -> subprocess.Popen[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env = child_environ()
     env["PYTHONPATH"] = str(REPO)
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(script))

@@ -1,4 +1,4 @@
-/* A driver for fuzz_ring.c where libFuzzer is not at hand (gcc): replays the files named on the command line
+/* A driver for the fuzz harnesses (fuzz_ring.c, fuzz_records.c) where libFuzzer is not at hand (gcc): replays the files named on the command line
  * (a corpus, or a crash to reproduce), then feeds random and mutated inputs until OT_FUZZ_SECONDS (default 20)
  * have passed. Not coverage-guided; scripts/native-check uses libFuzzer instead when clang has it. */
 #include <stdint.h>
@@ -57,6 +57,6 @@ int main(int argc, char **argv) {
             LLVMFuzzerTestOneInput(input, size);
         }
     }
-    printf("fuzz_ring: %llu inputs in %.0f s, no fault\n", runs, seconds);
+    printf("fuzz: %llu inputs in %.0f s, no fault\n", runs, seconds);
     return 0;
 }

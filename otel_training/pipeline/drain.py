@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
@@ -39,10 +40,11 @@ from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, 
                                  TraceState, Tracer, get_current_span, set_span_in_context)
 
 from otel_training._contain import log_once
-from otel_training._ring import DRAIN_FIELDS, Ring
+from otel_training._native_loader import native
+from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
 from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.record_check import check_record
-from otel_training.pipeline.record_tracer import BEGIN, CLOSE, END, FLUSH, SCOPE
+from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
@@ -110,9 +112,13 @@ def _links(links: list[tuple[Any, ...]] | None) -> list[Link] | None:
 class Replayer:
     """Records in, SDK spans out, through ``telemetry``'s provider (built with ``ids`` as its id generator)."""
 
-    def __init__(self, telemetry: Telemetry, ids: _Recorded) -> None:
+    def __init__(self, telemetry: Telemetry, ids: _Recorded,
+                 decode_fast: Callable[[bytes], tuple[Any, ...]] | None = None) -> None:
         self.telemetry = telemetry
         self.ids = ids
+        #: The C core's decoder of fast records (``_native.decode``); None: this drain reads marshal only, and
+        #: does not say it reads them (``DRAIN_FIELDS["caps"]``), so none is written.
+        self.decode_fast = decode_fast
         self.open: dict[int, SDKSpan] = {}
         self.tracers: dict[int, Tracer] = {0: telemetry.tracer}
         self.replayed = 0
@@ -123,10 +129,11 @@ class Replayer:
         self.bad = 0
 
     def apply_all(self, payloads: list[bytes]) -> None:
+        decode_fast = self.decode_fast
         for payload in payloads:
-            try:
-                record = marshal.loads(payload)
-            except Exception:  # noqa: BLE001 - marshal refuses damaged bytes with several types
+            try:  # a fast record's first byte is its type, 1 or 2, which no marshal record starts with
+                record = decode_fast(payload) if decode_fast is not None and payload[0] < 3 else marshal.loads(payload)
+            except Exception:  # noqa: BLE001 - the decoders refuse damaged bytes with several types
                 record = None
             problem = check_record(record)
             if problem is not None:
@@ -217,8 +224,11 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
                                tracing={"sampler": ids, "id_generator": ids})
     install_plugins(telemetry)
-    replayer = Replayer(telemetry, ids)
+    extension = native(hello["options"]["native"])
+    replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())
+    if extension is not None:  # from now on the training process may write fast records
+        ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
     parent = hello["pid"]
     published = 0.0
     while not replayer.closed:

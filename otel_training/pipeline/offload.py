@@ -41,7 +41,8 @@ from otel_training._ring import DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
 from otel_training.pipeline.drain import IGNORED_SIGNALS
-from otel_training.pipeline.record_tracer import CLOSE, FLUSH, RecordTracerProvider
+from otel_training.pipeline.record_tracer import RecordTracerProvider
+from otel_training.pipeline.records import CLOSE, FLUSH
 from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
 
 logger = logging.getLogger("otel_training")
@@ -88,7 +89,7 @@ class OffloadTelemetry(Telemetry):
         self._drain = self._start_drain(ring)
         self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
-            close=self._close_drain)
+            close=self._close_drain, fast=ring.fast_records())
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
         #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
         #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).

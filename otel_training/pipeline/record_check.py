@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_training.pipeline.record_tracer import BEGIN, CLOSE, END, FLUSH, SCOPE
+from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE
 
 _U64, _U128 = 1 << 64, 1 << 128
 _SPAN_KINDS = range(5)  # SpanKind's values

@@ -39,63 +39,18 @@ from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_training._contain import log_once
+from otel_training.pipeline.records import (BEGIN, END, SCOPE, Emit, FastRecords, encode, encode_links,
+                                            encode_plain)
 
 logger = logging.getLogger("otel_training")
 
-BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
 #: A root's flags, as the SDK sets them: sampled, and a random trace id (ours are); a child's keep the
 #: parent's random-trace-id bit. Made once: the hot path only looks them up.
 _ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _ROOT_FLAGS}
 _KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
-_EXACT = (str, bool, int, float, bytes, type(None))
 #: Two threads ending one span (the signal path's ``end_open_spans`` and the span's own) write one end.
 _END_LOCK = threading.Lock()
-
-#: ``emit(payload, begin)``: write one record (``begin`` None: a control record); False when it was dropped.
-Emit = Callable[[bytes, "bool | None"], bool]
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as marshal carries it: what the SDK keeps, converted to exact built-in types."""
-    kind = type(value)
-    if kind in _EXACT:
-        return value
-    if isinstance(value, (list, tuple)):
-        return tuple(_plain(item) for item in value)
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, str):  # a str Enum: its value, as JSON would write it (``str()`` gives its name)
-        return str.__str__(value)
-    for base in (bool, int, float, bytes):  # an IntEnum, numpy's float64...
-        if isinstance(value, base):
-            return base(value)
-    return str(value)
-
-
-def _encode(record: tuple[Any, ...]) -> bytes | None:
-    """The record's bytes; None (logged once) if even its plain form cannot be encoded."""
-    try:
-        return marshal.dumps(record)
-    except ValueError:
-        return _encode_plain(record)
-
-
-def _encode_plain(record: tuple[Any, ...]) -> bytes | None:
-    """``_encode`` once marshal has refused the record as it is."""
-    try:
-        return marshal.dumps(_plain(record))
-    except Exception:  # noqa: BLE001 - never raise into the code that began or ended the span
-        log_once("offload-encode", "otel_training: a span could not be recorded for the drain; it is counted as "
-                 "dropped")
-        return None
-
-
-def _links(links: Sequence[Link] | None) -> list[tuple[Any, ...]] | None:
-    if not links:
-        return None
-    return [(link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags),
-             tuple(link.context.trace_state.items()) or None, dict(link.attributes or {})) for link in links]
 
 
 class RecordSpan(trace_api.Span):
@@ -218,13 +173,20 @@ class RecordSpan(trace_api.Span):
                 return
             self.end_time = end_time = time.time_ns() if end_time is None else end_time
         status = self._status
+        if self._events is None and status is None and not self._renamed and self._links is None:
+            fast = self._provider.fast
+            written = fast.end(self._context.span_id, end_time, self._updates) if fast is not None else None
+            if written is not None:
+                if written[0] is not None:  # the ring was full: wait or drop as any record does
+                    self._provider.emit(written[0], False)
+                return
         if self._updates is None and self._events is None and status is None and not self._renamed \
                 and self._links is None:
             payload: bytes | None = marshal.dumps((END, self._context.span_id, end_time))
         else:
-            payload = _encode((END, self._context.span_id, end_time, self._updates, self._events,
+            payload = encode((END, self._context.span_id, end_time, self._updates, self._events,
                                None if status is None else (status.status_code.value, status.description),
-                               self.name if self._renamed else None, _links(self._links)))
+                               self.name if self._renamed else None, encode_links(self._links)))
         if payload is None:
             self._provider.ring_drops += 1
         else:
@@ -252,9 +214,25 @@ class RecordTracer(trace_api.Tracer):
             flags = _CHILD_FLAGS[parent.trace_flags & TraceFlags.RANDOM_TRACE_ID]  # type: ignore[union-attr]
             trace_state = parent.trace_state  # type: ignore[union-attr]
         else:
-            trace_id, parent_id, parent, flags, trace_state = getrandbits(128) or 1, 0, None, _ROOT_FLAGS, None
-        span_id = getrandbits(64) or 1
+            trace_id, parent_id, parent, flags, trace_state = 0, 0, None, _ROOT_FLAGS, None
         sampler = provider.sampler
+        if sampler is DEFAULT_ON:
+            if parent is not None and not parent.trace_flags.sampled:
+                return trace_api.NonRecordingSpan(SpanContext(trace_id, getrandbits(64) or 1, False,
+                                                              parent.trace_flags, trace_state))
+            if provider.fast is not None and not links and not trace_state:
+                written = provider.fast.begin(
+                    name, _KIND_VALUES.get(kind, 0), attributes or None, self._scope, trace_id, parent_id,
+                    parent is not None and parent.is_remote, flags, int(parent.trace_flags) if parent else 0,
+                    -1 if start_time is None else start_time)
+                if written is not None:  # ids, time, encoding and the ring write, in C
+                    trace_id, span_id, start_time, refused = written
+                    if refused is not None:  # the ring was full: wait or drop as any record does
+                        provider.emit(refused, True)
+                    return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent,
+                                      name, kind, start_time, attributes, (record_exception, set_status_on_exception))
+        trace_id = trace_id or getrandbits(128) or 1
+        span_id = getrandbits(64) or 1
         if sampler is not DEFAULT_ON:
             result = sampler.should_sample(context, trace_id, name, kind, attributes, links)
             trace_state = result.trace_state
@@ -264,18 +242,16 @@ class RecordTracer(trace_api.Tracer):
             if result.decision is not Decision.RECORD_AND_SAMPLE:  # recorded for the processors, not exported
                 flags = TraceFlags(flags & ~TraceFlags.SAMPLED)
             attributes = result.attributes
-        elif parent is not None and not parent.trace_flags.sampled:
-            return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False, parent.trace_flags, trace_state))
         if start_time is None:
             start_time = time.time_ns()
         record = (BEGIN, span_id, trace_id, parent_id, parent is not None and parent.is_remote, name, start_time,
-                  _KIND_VALUES.get(kind, 0), attributes or None, _links(links) if links else None, self._scope,
+                  _KIND_VALUES.get(kind, 0), attributes or None, encode_links(links) if links else None, self._scope,
                   tuple(trace_state.items()) or None if trace_state else None, int(flags),
                   int(parent.trace_flags) if parent is not None else 0)
         try:
             payload: bytes | None = marshal.dumps(record)
         except ValueError:
-            payload = _encode_plain(record)
+            payload = encode_plain(record)
         if payload is not None:  # else its end record reaches the drain alone, which counts it as lost
             provider.emit(payload, True)
         return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,
@@ -302,8 +278,10 @@ class RecordTracerProvider(trace_api.TracerProvider):
     def __init__(self, emit: Emit, resource: Resource, sampler: Sampler = DEFAULT_ON, *,
                  write_control: Callable[[bytes, float], bool] | None = None,
                  flush: Callable[[float], bool] = lambda timeout_s: True,
-                 close: Callable[[], bool] = lambda: True) -> None:
+                 close: Callable[[], bool] = lambda: True, fast: FastRecords | None = None) -> None:
         self.emit: Emit = emit
+        #: The C core's fast records, for spans with plain values and the default sampler (None: marshal only).
+        self.fast = fast
         self.resource = resource
         self.sampler = sampler
         self._write_control = write_control or (lambda payload, timeout_s: emit(payload, None))
@@ -328,7 +306,7 @@ class RecordTracerProvider(trace_api.TracerProvider):
             if tracer is None:
                 self._scopes += 1
                 tracer = RecordTracer(self, self._scopes)
-                payload = _encode((SCOPE, self._scopes, instrumenting_module_name, instrumenting_library_version,
+                payload = encode((SCOPE, self._scopes, instrumenting_module_name, instrumenting_library_version,
                                    schema_url, dict(attributes or {}) or None))
                 if payload is not None and self._write_control(payload, 1.0):
                     self._tracers[key] = tracer  # else the next get_tracer declares a scope again
@@ -358,6 +336,7 @@ class RecordTracerProvider(trace_api.TracerProvider):
 def _after_fork_in_child() -> None:
     for provider in list(_providers):
         provider.emit = provider._refuse_in_child  # noqa: SLF001 - the ring belongs to the parent
+        provider.fast = None  # its writes go to the parent's ring too
         provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001
         provider._lock = threading.Lock()  # noqa: SLF001 - it may have been held at the fork
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from environ import child_environ
 import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, REPO, Training, new_job_id, worker_argv
@@ -189,7 +190,7 @@ def tls_collector(stack_binaries, pki: Pki, tmp_path_factory: pytest.TempPathFac
 def _client_env(collector: TlsCollector, pki: Pki, job_id: str, *, protocol: str, headers: str | None,
                 scheme: str = "https") -> dict[str, str]:
     """Only the standard OTLP exporter variables (docs/security.md)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "E2E_TRAINING_RUN"))}
+    env = child_environ("E2E_TRAINING_RUN")
     # requests lets these override the HTTP exporter's OTEL_EXPORTER_OTLP_CERTIFICATE
     # (psf/requests#3829; docs/security.md): a machine that sets them could not
     # verify our CA over HTTP.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from environ import child_environ
 from otelstack import http_get, wait_until  # scripts/stack/otelstack/
 from stack_helpers import jaeger_traces, span_tags
 
@@ -50,7 +51,7 @@ def training_env(stack: Any, *, service: str, job_id: str, **extra: str) -> dict
     leak in; spans leave the batch processor after 200 ms and metrics every
     500 ms (instead of 5 s and 60 s) so the tests wait less.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", RUN_MARKER))}
+    env = child_environ(RUN_MARKER)
     env.update(stack.client_env())
     env.update(
         OTEL_SERVICE_NAME=service,

@@ -1,11 +1,13 @@
 """A small training run that uses every part of the span API, to compare offloaded and in-process output.
 
-    python offload_workload.py OUTPUT_DIR (inprocess | offload) [then-exit]
+    python offload_workload.py OUTPUT_DIR (inprocess | offload | offload-ready) [then-exit]
 
 Steps with substeps and a data wait; a trace that outgrows its budget (segments, links); the user's
 own spans through the global provider with an event, an exception, a status, a new name, a remote
 parent and a link; a failed Duration; a checkpoint. ``then-exit`` leaves with ``os._exit`` before
-any shutdown (a process killed), after printing the spans ended so far.
+any shutdown (a process killed), after printing the spans ended so far. ``offload-ready`` waits until the
+drain reads the C core's fast records before the workload (none are written until it does), and prints
+``fast`` when it does, ``marshal`` when this process runs the pure-Python fallback.
 """
 
 from __future__ import annotations
@@ -19,8 +21,18 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 import otel_training
 
 directory, mode = sys.argv[1], sys.argv[2]
-telemetry = otel_training.configure(exporter="file", output_dir=directory, offload=mode == "offload",
+telemetry = otel_training.configure(exporter="file", output_dir=directory, offload=mode.startswith("offload"),
                                     trace_max_spans=25, signal_hooks=False, stuck_threshold_s=30)
+if mode == "offload-ready":
+    import time
+
+    from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS
+
+    ring = telemetry._ring  # noqa: SLF001 - a test program: what the drain has said it reads
+    deadline = time.monotonic() + 60
+    while ring.native and not ring.get(DRAIN_FIELDS["caps"]) & CAP_FAST_RECORDS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("fast" if ring.get(DRAIN_FIELDS["caps"]) & CAP_FAST_RECORDS else "marshal", flush=True)
 trainer = otel_training.TrainerProcess()
 with trainer.train():
     with trainer.epoch(epoch=0):
