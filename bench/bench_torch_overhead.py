@@ -107,6 +107,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
         telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False,
                                             offload=args.offload)
+        if args.offload and not telemetry.drain_ready(timeout_s=30):  # the steady state: the drain runs
+            raise SystemExit("the drain process did not start within 30 s")
         drain = getattr(telemetry, "_drain", None)
         drain_cpu = _cpu_of(drain.pid) if drain is not None else 0.0
         epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
@@ -224,6 +226,8 @@ def split(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:
         telemetry = otel_training.configure(output_dir=output, signal_hooks=False, exception_hooks=False,
                                             offload=args.offload)
+        if args.offload and not telemetry.drain_ready(timeout_s=30):  # the steady state: the drain runs
+            raise SystemExit("the drain process did not start within 30 s")
         epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
         instrumentor = TorchInstrumentor()
         epoch()

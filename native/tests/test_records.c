@@ -4,18 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "../records.h"
 
-static int passed, failed;
-#define CHECK(condition)                                                                    \
-    do {                                                                                    \
-        if (condition) {                                                                    \
-            passed++;                                                                       \
-        } else {                                                                            \
-            failed++;                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #condition);   \
-        }                                                                                   \
-    } while (0)
 
 static ot_str text(const char *value) { return (ot_str){value, (uint32_t)strlen(value)}; }
 
@@ -92,6 +83,5 @@ int main(void) {
     test_round_trip();
     test_end_and_refusals();
     test_ids();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return report();
 }

@@ -5,18 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "../ring.h"
 
-static int passed, failed;
-#define CHECK(condition)                                                                    \
-    do {                                                                                    \
-        if (condition) {                                                                    \
-            passed++;                                                                       \
-        } else {                                                                            \
-            failed++;                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #condition);   \
-        }                                                                                   \
-    } while (0)
 
 typedef struct {
     uint8_t records[64][64];
@@ -34,12 +25,17 @@ static int collect(void *context, const uint8_t *first, uint32_t first_length, c
     return 0;
 }
 
-static void test_round_trip_across_the_wrap(void) {
-    uint64_t capacity = 100;
+/* A fresh ring of `capacity` data bytes, its writer and its reader; free() the result. */
+static uint8_t *pair(uint64_t capacity, ot_ring *writer, ot_ring *reader) {
     uint8_t *base = calloc(1, OT_RING_HEADER + capacity);
+    CHECK(ot_ring_create(writer, base, OT_RING_HEADER + capacity) == 0);
+    CHECK(ot_ring_attach(reader, base, OT_RING_HEADER + capacity) == 0);
+    return base;
+}
+
+static void test_round_trip_across_the_wrap(void) {
     ot_ring writer, reader;
-    CHECK(ot_ring_create(&writer, base, OT_RING_HEADER + capacity) == 0);
-    CHECK(ot_ring_attach(&reader, base, OT_RING_HEADER + capacity) == 0);
+    uint8_t *base = pair(100, &writer, &reader);
     for (int round = 0; round < 200; round++) {
         uint8_t payload[40];
         uint32_t length = (uint32_t)(round % 37);
@@ -56,11 +52,8 @@ static void test_round_trip_across_the_wrap(void) {
 }
 
 static void test_full_and_too_big(void) {
-    uint64_t capacity = 64;
-    uint8_t *base = calloc(1, OT_RING_HEADER + capacity);
     ot_ring writer, reader;
-    ot_ring_create(&writer, base, OT_RING_HEADER + capacity);
-    ot_ring_attach(&reader, base, OT_RING_HEADER + capacity);
+    uint8_t *base = pair(64, &writer, &reader);
     uint8_t payload[100] = {0};
     int moved;
     CHECK(ot_ring_append(&writer, payload, 61, &moved) == OT_TOO_BIG);
@@ -156,12 +149,9 @@ static int check_order(void *context, const uint8_t *first, uint32_t first_lengt
 }
 
 static void test_one_writer_one_reader_thread(void) {
-    uint64_t capacity = 1000; /* small: the writer waits for the reader often, and records wrap */
-    uint8_t *base = calloc(1, OT_RING_HEADER + capacity);
     Side writer;
     ot_ring reader;
-    ot_ring_create(&writer.ring, base, OT_RING_HEADER + capacity);
-    ot_ring_attach(&reader, base, OT_RING_HEADER + capacity);
+    uint8_t *base = pair(1000, &writer.ring, &reader); /* small: the writer often waits, and records wrap */
     pthread_t thread;
     pthread_create(&thread, NULL, write_all, &writer);
     Order order = {0, 0};
@@ -180,6 +170,5 @@ int main(void) {
     test_full_and_too_big();
     test_hostile_header_and_lengths();
     test_one_writer_one_reader_thread();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return report();
 }

@@ -226,9 +226,9 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     install_plugins(telemetry)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None)
-    ring.put(DRAIN_FIELDS["pid"], os.getpid())
     if extension is not None:  # from now on the training process may write fast records
         ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
+    ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads
     parent = hello["pid"]
     published = 0.0
     while not replayer.closed:

@@ -180,6 +180,16 @@ class OffloadTelemetry(Telemetry):
                 pass
         return done
 
+    def drain_ready(self, timeout_s: float = 10.0) -> bool:
+        """Wait (bounded) until the drain process runs its pipeline; False if it did not in ``timeout_s``.
+
+        Nothing needs this: records written before are read once it runs. It is for measuring the steady
+        state (benches) and for tests: the C core's fast records are written only once the drain runs.
+        """
+        ring = self._ring
+        return ring is not None and self._wait(lambda: ring.get(DRAIN_FIELDS["pid"]) != 0,
+                                               time.monotonic() + timeout_s)
+
     def _wait(self, condition: Any, deadline: float) -> bool:
         while not condition():
             if time.monotonic() >= deadline or not self._drain_alive():
