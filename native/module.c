@@ -70,7 +70,6 @@ static PyObject *ring_core_append(RingCore *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "append(payload, begin) takes two arguments");
         return NULL;
     }
-    if (self->closed || !self->has_view) return PyLong_FromLong(3);
     const char *data;
     Py_ssize_t length;
     Py_buffer other;
@@ -79,14 +78,17 @@ static PyObject *ring_core_append(RingCore *self, PyObject *const *args, Py_ssiz
         data = PyBytes_AS_STRING(args[0]);
         length = PyBytes_GET_SIZE(args[0]);
     } else {
+        /* May run Python code (a class's __buffer__), which may release this ring: checked after it. */
         if (PyObject_GetBuffer(args[0], &other, PyBUF_C_CONTIGUOUS) < 0) return NULL;
         has_other = 1;
         data = other.buf;
         length = other.len;
     }
-    int status = OT_TOO_BIG, moved = 0;
-    if ((unsigned long long)length <= UINT32_MAX - 4)
-        status = ot_ring_append(&self->ring, (const uint8_t *)data, (uint32_t)length, &moved);
+    int status = 3, moved = 0;
+    if (!self->closed && self->has_view)
+        status = (unsigned long long)length <= UINT32_MAX - 4
+                     ? ot_ring_append(&self->ring, (const uint8_t *)data, (uint32_t)length, &moved)
+                     : OT_TOO_BIG;
     if (has_other) PyBuffer_Release(&other);
     if (status == OT_OK && args[1] == Py_False) self->ends_written++;
     return PyLong_FromLong(status);
@@ -251,7 +253,7 @@ static int split_trace_id(RingCore *self, PyObject *trace_id, ot_record *record)
         record->trace_id_high = self->trace_high, record->trace_id_low = self->trace_low;
         return 0;
     }
-    if (!PyLong_CheckExact(trace_id)) return -1;
+    if (!PyLong_CheckExact(trace_id)) return -1; /* negative or >= 2**128: the conversions below fail */
     PyObject *shift = PyLong_FromLong(64);
     PyObject *high = shift ? PyNumber_Rshift(trace_id, shift) : NULL;
     Py_XDECREF(shift);
@@ -275,70 +277,98 @@ static PyObject *trace_id_object(uint64_t high, uint64_t low) {
     return result;
 }
 
+/* An int in [low, high] as a uint64, without running Python code: an int or a subclass (TraceFlags), whose
+ * value C reads directly (no __index__); 0, or -1 (no exception set) when it is anything else. */
+static int exact_u64(PyObject *value, uint64_t low, uint64_t high, uint64_t *out) {
+    if (!PyLong_Check(value)) return -1;
+    unsigned long long result = PyLong_AsUnsignedLongLong(value);
+    if (result == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* negative or too big */
+        return -1;
+    }
+    if (result < low || result > high) return -1;
+    *out = result;
+    return 0;
+}
+
+/* A time in ns: an int 0 <= t < 2**63 (read as exact_u64 reads), or -1 for "now". */
+static int exact_time(PyObject *value, int64_t *out) {
+    if (PyLong_Check(value)) {
+        int overflow;
+        long long result = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (!overflow && result == -1 && !PyErr_Occurred()) {
+            *out = ot_now_ns();
+            return 0;
+        }
+        PyErr_Clear();
+        if (!overflow && result >= 0) {
+            *out = result;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* begin(name, kind, attributes, scope, trace_id, parent_id, remote, flags, parent_flags, start) ->
  *   (trace_id, span_id, start, refused payload or None), or None when this span cannot be a fast record
- *   (the drain does not read them, the ring is closed, a value is not bool/int64/float/str): then the caller
- *   writes its marshal record. trace_id 0: a new root (its id drawn here); start -1: now. */
+ *   (the drain does not read them, the ring is closed, a value is not exactly what the tracer passes: exact
+ *   ints in range, True or False, bool/int64/float/str attributes): then the caller writes its marshal record,
+ *   which carries anything. trace_id 0: a new root (its id drawn here); start -1: now. No Python code runs
+ *   here (exact types only), so nothing can release the ring or change the attributes between the checks and
+ *   the write, and nothing raises but MemoryError. */
 static PyObject *ring_core_begin(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "begin() takes ten arguments");
         return NULL;
     }
-    if (!fast_allowed(self)) Py_RETURN_NONE;
     ot_record record;
     record.type = OT_RECORD_BEGIN;
-    long kind = PyLong_AsLong(args[1]);
-    unsigned long long scope = PyLong_AsUnsignedLongLong(args[3]);
-    unsigned long long parent_id = PyLong_AsUnsignedLongLong(args[5]);
-    long flags = PyLong_AsLong(args[7]), parent_flags = PyLong_AsLong(args[8]);
-    long long start = PyLong_AsLongLong(args[9]);
-    if (PyErr_Occurred()) return NULL;
-    if (kind < 0 || kind > 255 || scope > UINT32_MAX || flags < 0 || flags > 255 || parent_flags < 0 ||
-        parent_flags > 255 || utf8_of(args[0], &record.name) || attributes_of(args[2], &record))
+    uint64_t kind, scope, parent_id, flags, parent_flags, trace_id = 0;
+    int64_t start;
+    if (exact_u64(args[1], 0, 255, &kind) || exact_u64(args[3], 0, UINT32_MAX, &scope) ||
+        exact_u64(args[5], 0, UINT64_MAX, &parent_id) || (args[6] != Py_True && args[6] != Py_False) ||
+        exact_u64(args[7], 0, 3, &flags) || exact_u64(args[8], 0, 255, &parent_flags) ||
+        exact_time(args[9], &start) || utf8_of(args[0], &record.name))
         Py_RETURN_NONE;
-    record.kind = (uint8_t)kind, record.flags = (uint8_t)flags, record.parent_flags = (uint8_t)parent_flags;
-    record.remote = PyObject_IsTrue(args[6]) == 1;
-    record.scope = (uint32_t)scope;
-    record.parent_id = parent_id;
-    int root = PyLong_CheckExact(args[4]) && PyObject_IsTrue(args[4]) == 0; /* trace id 0: a new root */
-    if (root) {
-        record.trace_id_high = ot_random_id(), record.trace_id_low = ot_random_id();
-    } else if (split_trace_id(self, args[4], &record)) {
-        if (PyErr_Occurred()) return NULL;
+    int root = PyLong_CheckExact(args[4]) && exact_u64(args[4], 0, 0, &trace_id) == 0; /* 0: a new root */
+    if (!root && split_trace_id(self, args[4], &record)) {
+        PyErr_Clear();
         Py_RETURN_NONE;
     }
+    if (attributes_of(args[2], &record) || !fast_allowed(self)) Py_RETURN_NONE;
+    record.kind = (uint8_t)kind, record.flags = (uint8_t)flags, record.parent_flags = (uint8_t)parent_flags;
+    record.remote = args[6] == Py_True;
+    record.scope = (uint32_t)scope;
+    record.parent_id = parent_id;
+    if (root) record.trace_id_high = ot_random_id(), record.trace_id_low = ot_random_id();
     record.span_id = ot_random_id();
-    record.time = start < 0 ? ot_now_ns() : start;
+    record.time = start;
     PyObject *refused = write_record(self, &record);
     if (refused == NULL) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *trace_id = root ? trace_id_object(record.trace_id_high, record.trace_id_low) : Py_NewRef(args[4]);
-    if (trace_id == NULL) {
+    PyObject *trace_id_value = root ? trace_id_object(record.trace_id_high, record.trace_id_low) : Py_NewRef(args[4]);
+    if (trace_id_value == NULL) {
         Py_DECREF(refused);
         return NULL;
     }
-    PyObject *result = Py_BuildValue("(NKLN)", trace_id, (unsigned long long)record.span_id,
-                                     (long long)record.time, refused);
-    return result;
+    return Py_BuildValue("(NKLN)", trace_id_value, (unsigned long long)record.span_id, (long long)record.time,
+                         refused);
 }
 
-/* end(span_id, end, updates) -> refused payload or None (written) in a one-tuple, or None when this end
- * cannot be a fast record (the caller writes its marshal record). */
+/* end(span_id, end, updates) -> (refused payload or None,), or None when this end cannot be a fast record
+ * (the caller writes its marshal record). As begin(): exact values only, no Python code, no exception. */
 static PyObject *ring_core_end(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "end() takes three arguments");
         return NULL;
     }
-    if (!fast_allowed(self)) Py_RETURN_NONE;
     ot_record record;
     record.type = OT_RECORD_END;
-    record.span_id = PyLong_AsUnsignedLongLong(args[0]);
-    long long end = PyLong_AsLongLong(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    record.time = end;
-    if (attributes_of(args[2], &record)) Py_RETURN_NONE;
+    if (exact_u64(args[0], 1, UINT64_MAX, &record.span_id) || exact_time(args[1], &record.time) ||
+        attributes_of(args[2], &record) || !fast_allowed(self))
+        Py_RETURN_NONE;
     PyObject *refused = write_record(self, &record);
     if (refused == NULL) {
         if (PyErr_Occurred()) return NULL;
@@ -485,12 +515,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&RingCoreType) < 0) return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
-    Py_INCREF(&RingCoreType);
-    if (PyModule_AddObject(module, "RingCore", (PyObject *)&RingCoreType) < 0 ||
+    if (PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
         PyModule_AddIntConstant(module, "ABI", 2) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
-        Py_DECREF(&RingCoreType);
         Py_DECREF(module);
         return NULL;
     }

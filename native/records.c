@@ -2,10 +2,12 @@
 #define _GNU_SOURCE
 #include "records.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static size_t str_size(ot_str text) { return 4u + text.length; }
 
@@ -188,16 +190,38 @@ static int seeded;
 
 static uint64_t rotate(uint64_t value, int by) { return value << by | value >> (64 - by); }
 
+/* The kernel's random bytes: getrandom(2) by its system call (glibc < 2.25 has no wrapper), else /dev/urandom.
+ * 0 when all were read. */
+static int kernel_random(void *out, size_t size) {
+#ifdef SYS_getrandom
+    if (syscall(SYS_getrandom, out, size, 0) == (long)size) return 0;
+#endif
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t got = read(fd, out, size);
+    close(fd);
+    return got == (ssize_t)size ? 0 : -1;
+}
+
+static uint64_t mix(uint64_t value) { /* splitmix64's finaliser */
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
+    return value ^ (value >> 31);
+}
+
 static void seed(void) {
     uint64_t seed_words[4] = {0, 0, 0, 0};
-    ssize_t got = getrandom(seed_words, sizeof seed_words, 0);
     struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (got != (ssize_t)sizeof seed_words) { /* no getrandom: time and address, still distinct per process */
-        seed_words[0] ^= (uint64_t)now.tv_nsec * 0x9E3779B97F4A7C15ull;
-        seed_words[1] ^= (uint64_t)(uintptr_t)&now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    /* Without the kernel's bytes (a seccomp filter, no /dev): time, pid and address, still distinct per
+     * process and per rank; mixed in always, so even a failed read gives no two processes one sequence. */
+    int from_kernel = kernel_random(seed_words, sizeof seed_words) == 0;
+    uint64_t local = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    local ^= (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&now;
+    for (int index = 0; index < 4; index++) {
+        state[index] = seed_words[index] ^ mix(local + 0x9E3779B97F4A7C15ull * (uint64_t)(index + 1));
+        if (!from_kernel) local = mix(local);
     }
-    for (int index = 0; index < 4; index++) state[index] = seed_words[index] ^ (0x9E3779B97F4A7C15ull * (index + 1));
     seeded = 1;
 }
 

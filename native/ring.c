@@ -3,6 +3,11 @@
 
 #include <string.h>
 
+/* The positions are shared between processes: their atomics must not be a library's (process-local) locks. */
+#if defined(__GCC_ATOMIC_LLONG_LOCK_FREE) && __GCC_ATOMIC_LLONG_LOCK_FREE != 2
+#error "the ring needs lock-free 64-bit atomics (the pure-Python fallback serves this machine)"
+#endif
+
 static inline uint64_t *word(const ot_ring *ring, uint64_t offset) {
     return (uint64_t *)(void *)(ring->base + offset);
 }
@@ -23,6 +28,7 @@ static int valid_capacity(uint64_t capacity, uint64_t size) {
 int ot_ring_create(ot_ring *ring, uint8_t *base, uint64_t size) {
     if (size < OT_RING_HEADER || !valid_capacity(size - OT_RING_HEADER, size)) return -1;
     memset(ring, 0, sizeof *ring);
+    memset(base, 0, OT_RING_HEADER); /* no position, report or capability left from an earlier use */
     ring->base = base;
     ring->capacity = size - OT_RING_HEADER;
     __atomic_store_n(word(ring, OT_F_CAPACITY), ring->capacity, __ATOMIC_RELAXED);
@@ -58,12 +64,14 @@ int ot_ring_append(ot_ring *ring, const uint8_t *payload, uint32_t length, int *
     if (size > ring->capacity) return OT_TOO_BIG;
     if (ring->write + size - ring->read_seen > ring->capacity) {
         uint64_t read = load_acquire(ring, OT_F_READ);
+        /* A reader position ahead of ours (a damaged header) reads as full, never as room: it is not kept,
+         * so the next append looks again rather than computing room from it. */
+        if (read > ring->write) return OT_FULL;
         if (read != ring->read_seen) {
             ring->read_seen = read;
             *reader_moved = 1;
         }
-        /* A reader position ahead of ours (a damaged header) reads as full, never as room. */
-        if (read > ring->write || ring->write + size - read > ring->capacity) return OT_FULL;
+        if (ring->write + size - read > ring->capacity) return OT_FULL;
     }
     uint8_t prefix[4] = {(uint8_t)length, (uint8_t)(length >> 8), (uint8_t)(length >> 16), (uint8_t)(length >> 24)};
     put(ring, ring->write, prefix, 4);

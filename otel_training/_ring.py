@@ -33,6 +33,7 @@ any file system, nothing left behind when both processes are gone.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import platform
@@ -66,14 +67,16 @@ CAP_FAST_RECORDS = 1
 _POLL_S = 0.0002
 #: A reader that has not advanced for this long while records waited is stalled: nobody waits for it.
 STALLED_S = 1.0
+#: The seals a ring's memfd carries: its size cannot change while it is mapped.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 #: ``append`` results, the C binding's and the fallback's alike.
 _OK, _FULL, _TOO_BIG, _CLOSED = 0, 1, 2, 3
 
 
 def supported(mode: str = "auto") -> str | None:
     """None where the ring may be used here with the implementation ``mode`` picks, else why not."""
-    if not hasattr(os, "memfd_create"):
-        return "no memfd_create on this platform (Linux only)"
+    if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
+        return "no sealed memfd on this platform (Linux only)"
     if _native(mode) is None and platform.machine().lower() not in ("x86_64", "amd64"):
         return (f"the pure-Python ring relies on x86-64 store ordering and this machine is {platform.machine()}; "
                 "the C extension (otel_training._native) is correct here: build it, and leave the native option "
@@ -133,14 +136,16 @@ class Ring:
 
     @classmethod
     def create(cls, capacity: int, mode: str = "auto") -> Ring:
-        fd = os.memfd_create("otel-training-ring", getattr(os, "MFD_CLOEXEC", 1))
+        fd = os.memfd_create("otel-training-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, HEADER + capacity)
+        # Its size is final: nobody holding the descriptor can shrink the mapping under a reader (SIGBUS).
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)
         return cls(fd, mmap.mmap(fd, HEADER + capacity), create=True, mode=mode)
 
     @classmethod
     def attach(cls, fd: int, mode: str = "auto") -> Ring:
         size = os.fstat(fd).st_size
-        if size <= HEADER:
+        if size <= HEADER or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
             raise ValueError(f"file descriptor {fd} does not hold an otel-training ring")
         mm = mmap.mmap(fd, size)
         try:
@@ -247,10 +252,12 @@ class Ring:
 
     def _room(self, size: int) -> bool:
         read = _U64.unpack_from(self._mm, _F_READ)[0]
+        if read > self._write:  # a damaged header: full, and not kept (the next write looks again)
+            return False
         if read != self._read_seen:
             self._read_seen = read
             self._progress_at = time.monotonic()
-        return read <= self._write and self._write + size - read <= self.capacity
+        return self._write + size - read <= self.capacity
 
     def stalled(self, now: float) -> bool:
         """The ring has been full for ``STALLED_S`` without the reader reading: it is alive but hung or

@@ -249,3 +249,30 @@ def test_damaged_fast_records_are_refused_never_misread() -> None:
         assert isinstance(record, tuple) and record[0] in (1, 2)
         check_record(record)  # judged, whatever it says
     assert refused > 5_000
+
+
+def test_values_the_fast_path_cannot_carry_go_as_marshal_records_and_nothing_raises() -> None:
+    """A float or out-of-range time, an int attribute past int64, an odd key: the span is recorded as the
+    marshal path records it (which the drain then judges), and the caller sees no exception."""
+    import os
+
+    from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
+
+    native = _native_or_skip()
+    ring = Ring.create(1 << 20, "on")
+    reader = Ring.attach(os.dup(ring.fd), "on")
+    reader.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
+    tracer = RecordTracerProvider(ring.write, Resource.create({}), fast=ring.fast_records()).get_tracer("t")
+    reader.read(1 << 30)  # the scope record
+    odd = [tracer.start_span("float start", start_time=1.7e18),  # type: ignore[arg-type]
+           tracer.start_span("past 2**63", start_time=1 << 64),
+           tracer.start_span("huge int", attributes={"n": 1 << 70}),
+           tracer.start_span("int key", attributes={1: "x"})]  # type: ignore[dict-item]
+    for span in odd:
+        span.end(end_time=1.7e18)  # type: ignore[arg-type]
+    payloads = reader.read(1 << 30)
+    assert len(payloads) == 8 and all(payload[0] >= 3 for payload in payloads)  # all marshal
+    plain = tracer.start_span("plain")
+    plain.end()
+    assert [payload[0] for payload in reader.read(1 << 30)] == [1, 2]  # the fast path still works after them
+    assert native.decode  # the extension was the one in use

@@ -245,9 +245,14 @@ def test_a_truncated_length_prefix_is_corruption(mode: str) -> None:
 
 def test_a_reader_position_ahead_of_the_writer_reads_as_full_never_as_room(mode: str) -> None:
     ring = Ring.create(64, mode)
-    assert ring.write(b"x" * 28, True) and ring.write(b"x" * 28, True)  # full: the next write looks at the reader
-    _U64.pack_into(ring._mm, _F_READ, 1 << 40)  # noqa: SLF001 - a damaged header
-    assert not ring.write(b"x" * 8, True) and ring.dropped_begins == 1
+    reader = Ring.attach(os.dup(ring.fd), mode)
+    assert ring.write(b"A" * 28, True) and ring.write(b"B" * 28, True)  # full: the next write looks at the reader
+    for damaged in (1 << 40, 69):  # far ahead, and just ahead (room would be computed from it wrongly)
+        _U64.pack_into(ring._mm, _F_READ, damaged)  # noqa: SLF001 - a damaged header
+        assert [ring.write(b"x" * 8, True) for _ in range(3)] == [False] * 3  # every time, not only the first
+    assert ring.dropped_begins == 6
+    _U64.pack_into(ring._mm, _F_READ, 0)  # noqa: SLF001 - repaired: the unread records were never overwritten
+    assert reader.read() == [b"A" * 28, b"B" * 28]
 
 
 def test_a_mapping_that_is_not_a_ring_is_refused(mode: str, tmp_path: object) -> None:
@@ -259,6 +264,19 @@ def test_a_mapping_that_is_not_a_ring_is_refused(mode: str, tmp_path: object) ->
     _U64.pack_into(ring._mm, 8, 1 << 20)  # noqa: SLF001 - a capacity bigger than the mapping
     with pytest.raises(ValueError, match="does not hold an otel-training ring"):
         Ring.attach(os.dup(ring.fd), mode)
+
+
+def test_the_rings_size_is_sealed_so_no_one_can_shrink_it_under_the_reader(mode: str) -> None:
+    ring = Ring.create(64, mode)
+    with pytest.raises(PermissionError):
+        os.ftruncate(ring.fd, 100)  # a shrunk mapping would fault the reader (SIGBUS); a grown one is refused too
+    with pytest.raises(PermissionError):
+        os.ftruncate(ring.fd, HEADER + 128)
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, HEADER + 64)
+    os.write(unsealed, ring._mm[:HEADER])  # noqa: SLF001 - a valid header, but its size could change
+    with pytest.raises(ValueError, match="does not hold an otel-training ring"):
+        Ring.attach(unsealed, mode)
 
 
 def test_hostile_bytes_never_crash_a_reader_and_every_record_fits_the_ring(mode: str) -> None:
