@@ -44,7 +44,8 @@ from otel_training._native_loader import native
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
 from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.record_check import check_record
-from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE
+from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
+from otel_training.pipeline.stacks import StackRequests
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
@@ -113,12 +114,15 @@ class Replayer:
     """Records in, SDK spans out, through ``telemetry``'s provider (built with ``ids`` as its id generator)."""
 
     def __init__(self, telemetry: Telemetry, ids: _Recorded,
-                 decode_fast: Callable[[bytes], tuple[Any, ...]] | None = None) -> None:
+                 decode_fast: Callable[[bytes], tuple[Any, ...]] | None = None,
+                 on_stacks: Callable[[int, str], None] = lambda request_id, stacks: None) -> None:
         self.telemetry = telemetry
         self.ids = ids
         #: The C core's decoder of fast records (``_native.decode``); None: this drain reads marshal only, and
         #: does not say it reads them (``DRAIN_FIELDS["caps"]``), so none is written.
         self.decode_fast = decode_fast
+        #: Where the training process's answers to the stuck detector's requests for stacks go.
+        self.on_stacks = on_stacks
         self.open: dict[int, SDKSpan] = {}
         self.tracers: dict[int, Tracer] = {0: telemetry.tracer}
         self.replayed = 0
@@ -166,6 +170,8 @@ class Replayer:
             self.flush_token = record[1]
         elif kind == CLOSE:
             self.closed = True
+        elif kind == STACKS:
+            self.on_stacks(record[1], record[2])
 
     def _begin(self, record: tuple[Any, ...]) -> None:
         (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state, flags,
@@ -223,9 +229,11 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     ids = _Recorded()
     telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
                                tracing={"sampler": ids, "id_generator": ids})
-    install_plugins(telemetry)
+    requests = StackRequests(hello["stacks_fd"]) if hello.get("stacks_fd") is not None else None
+    install_plugins(telemetry, requests.stacks if requests is not None else None)
     extension = native(hello["options"]["native"])
-    replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None)
+    replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
+                        requests.deliver if requests is not None else lambda request_id, stacks: None)
     if extension is not None:  # from now on the training process may write fast records
         ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads
@@ -249,6 +257,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     lost = len(replayer.open)
     if lost and not replayer.closed:
         logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
+    if requests is not None:
+        requests.close()  # the training process's responder sees the end of the pipe and stops
     telemetry.shutdown(timeout_s=telemetry.options["exit_timeout_s"])
     _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
     ring.put(DRAIN_FIELDS["done"], 1)

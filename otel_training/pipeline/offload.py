@@ -43,6 +43,7 @@ from otel_training.exporters.otlp_json import trace_file
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.pipeline.records import CLOSE, FLUSH
+from otel_training.pipeline.stacks import StackResponder
 from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
 
 logger = logging.getLogger("otel_training")
@@ -115,13 +116,21 @@ class OffloadTelemetry(Telemetry):
         # the drain ignores them (drain.py): a job stopped in the drain's first second does not lose it. This
         # thread blocks them only for the fork; one arriving meanwhile waits, or goes to another thread.
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_SIGNALS)
+        # The drain's stuck alerts ask this process for its stacks through this pipe (pipeline/stacks.py).
+        asked, ask = os.pipe()
         try:
             process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
-                                       stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd,), start_new_session=True)
+                                       stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd, ask),
+                                       start_new_session=True)
+        except BaseException:
+            os.close(asked)
+            raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            os.close(ask)  # the drain's copy is the only one: its exit ends the responder
+        self._responder = StackResponder(asked, ring.write)
         hello = {"options": {**self.options, "offload": False}, "resource": dict(self.resource.attributes),
-                 "schema_url": self.resource.schema_url, "pid": os.getpid()}
+                 "schema_url": self.resource.schema_url, "pid": os.getpid(), "stacks_fd": ask}
         assert process.stdin is not None
         try:
             process.stdin.write(pickle.dumps(hello))

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained
+from otel_training.pipeline.stacks import StacksSource
 from otel_training.pipeline.telemetry import Telemetry
 
 
-def install_plugins(telemetry: Telemetry) -> None:
-    """Processors and helpers that options turn on, each in its own module."""
+def install_plugins(telemetry: Telemetry, stacks_source: StacksSource | None = None) -> None:
+    """Processors and helpers that options turn on, each in its own module.
+
+    ``stacks_source``: where stuck alerts take the stacks from when the spans are another process's (the
+    drain asks the training process: ``pipeline/stacks.py``).
+    """
     # The DLRover-format event log (issue 2).
     if telemetry.options["dlrover_log"]:
         from otel_training.processors.dlrover_log import DLRoverLogProcessor
@@ -38,7 +43,7 @@ def install_plugins(telemetry: Telemetry) -> None:
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
             exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=not telemetry.REPLAYS,
-            replayed=telemetry.REPLAYS)
+            stacks_source=stacks_source, replayed=telemetry.REPLAYS)
         telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.

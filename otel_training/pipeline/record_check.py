@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE
+from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
 
 _U64, _U128 = 1 << 64, 1 << 128
 _SPAN_KINDS = range(5)  # SpanKind's values
@@ -111,4 +111,7 @@ def check_record(record: Any) -> str | None:
         return None if good else "a flush record"
     if kind == CLOSE and type(kind) is int:
         return None if len(record) == 1 else "a close record"
+    if kind == STACKS and type(kind) is int:
+        good = len(record) == 3 and _int(record[1], 1, 1 << 63) and type(record[2]) is str
+        return None if good else "a stacks record"
     return "a record of no known kind"

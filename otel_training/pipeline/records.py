@@ -18,6 +18,8 @@ from opentelemetry.trace import Link
 from otel_training._contain import log_once
 
 BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
+#: The training process's answer to the drain's request for its threads' stacks (``stacks.py``).
+STACKS = 6
 _EXACT = (str, bool, int, float, bytes, type(None))
 
 #: ``emit(payload, begin)``: write one record (``begin`` None: a control record); False when it was dropped.

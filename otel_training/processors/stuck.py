@@ -121,6 +121,7 @@ class StuckSpanProcessor(SpanProcessor):
         before_exit: Callable[[], Any] | None = None,
         exit_flush_timeout_s: float = 2.0,
         stacks: bool = True,
+        stacks_source: Callable[[int | None], tuple[str | None, str | None]] | None = None,
         replayed: bool = False,
         tracer_provider: TracerProvider | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
@@ -141,6 +142,8 @@ class StuckSpanProcessor(SpanProcessor):
         self._escalation_s = escalation_s
         self._callbacks = [on_stuck] if callable(on_stuck) else list(on_stuck)
         self._stacks = stacks
+        #: Where the stacks come from when they are not this process's: ``(thread_id) -> (stacks, why missing)``.
+        self._stacks_source = stacks_source
         #: Spans reach it after they began (replayed by the offload drain): each is timed from its own start.
         self._replayed = replayed
         self._sink = AlertSink(tracer_provider, meter_provider, action)
@@ -216,8 +219,8 @@ class StuckSpanProcessor(SpanProcessor):
                 entry.start = now - max(0.0, (time.time_ns() - (span.start_time or 0)) / 1e9)
                 entry.deadline = entry.start + threshold.seconds
                 thread_id = attributes.get(sc.THREAD_ID) if attributes else None
-                if isinstance(thread_id, int):
-                    entry.thread_id = thread_id
+                if isinstance(thread_id, int) or self._replayed:  # a replaying thread's id is not the stuck one
+                    entry.thread_id = thread_id if isinstance(thread_id, int) else 0
             self._open[span.context.span_id] = entry
             if self._thread is None and self._use_watcher:
                 self._start_watcher()
@@ -336,9 +339,10 @@ class StuckSpanProcessor(SpanProcessor):
         elapsed = now - entry.start
         if self._slot is not None:
             self._slot.alerted(entry.span.context.span_id)
-        stacks = thread_stacks(entry.thread_id) if self._stacks else None
+        stacks, missing = (self._stacks_source(entry.thread_id) if self._stacks_source is not None
+                           else (thread_stacks(entry.thread_id) if self._stacks else None, None))
         event = self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context, entry.threshold,
-                                 entry.count, elapsed, stacks)
+                                 entry.count, elapsed, stacks, missing)
         if entry.span.is_recording():
             entry.span.add_event(sc.EVENT_ALERT, {
                 sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ELAPSED_S: elapsed,
