@@ -237,7 +237,7 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
     # The training process's stacks, asked for by the drain: this test is where the step is stuck.
     stacks = stuck["attributes"][sc.ALERT_STACKS]
     assert "test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck" in stacks and "wait_until" in stacks
-    assert "otel-training-stacks" not in stacks and sc.ALERT_STACKS_ERROR not in stuck["attributes"]
+    assert "otel-training-responder" not in stacks and sc.ALERT_STACKS_ERROR not in stuck["attributes"]
     assert wait_until(lambda: alerts(sc.ALERT_KIND_RECOVERED), timeout_s=30)
 
 
@@ -256,8 +256,7 @@ def test_a_signal_ends_the_open_offloaded_spans_and_they_are_exported(tmp_path: 
     assert sorted(span["attributes"][sc.STEP] for span in spans if span["name"] == sc.SPAN_STEP) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("options, named", [({"watchdog": True}, "watchdog"),
-                                            ({"stuck_action": "exit"}, "stuck_action")])
+@pytest.mark.parametrize("options, named", [({"watchdog": True}, "watchdog")])
 def test_what_offload_cannot_do_yet_is_refused_before_training(configure: Any, options: dict[str, Any],
                                                                 named: str) -> None:
     with pytest.raises(ConfigError, match=f"offload=True.*{named}"):

@@ -271,16 +271,21 @@ def test_configure_exports_the_alert_to_the_file_at_once(configure: Callable[...
         assert alert["resource"] == step["resource"]
 
 
-def run_script(script: str, tmp_path: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """``tests/scripts/<script>``, in ``tmp_path``."""
-    env = child_environ()
+def run_script(script: str, tmp_path: Path, timeout: float = 30, **environ: str) -> subprocess.CompletedProcess[str]:
+    """``tests/scripts/<script>``, in ``tmp_path``, with ``environ`` added."""
+    env = {**child_environ(), **environ}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run([sys.executable, str(REPO / "tests" / "scripts" / script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
-    result = run_script("stuck_exit_action.py", tmp_path)
+OFFLOADED = pytest.mark.parametrize("environ", [{}, {"OTEL_TRAINING_OFFLOAD": "true"}], ids=["in-process", "offload"])
+
+
+@OFFLOADED
+def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path, environ: dict[str, str]) -> None:
+    """Offloaded, the drain's detector asks the training process to do the same (pipeline/responder.py)."""
+    result = run_script("stuck_exit_action.py", tmp_path, **environ)
     assert result.returncode == 42, result.stderr
     assert "not reached" not in result.stdout
     spans = read_spans(tmp_path / "traces" / "traces-r0.jsonl")
@@ -294,8 +299,9 @@ def test_exit_action_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
     assert next(span for span in spans if span["name"] == sc.SPAN_EPOCH)["status"]["code"] == 2
 
 
-def test_signal_action_signals_the_process(tmp_path: Path) -> None:
-    result = run_script("stuck_signal_action.py", tmp_path)
+@OFFLOADED
+def test_signal_action_signals_the_process(tmp_path: Path, environ: dict[str, str]) -> None:
+    result = run_script("stuck_signal_action.py", tmp_path, **environ)
     assert result.returncode == 0, result.stderr
     assert "signalled [10]" in result.stdout
 

@@ -45,7 +45,7 @@ from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
 from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
-from otel_training.pipeline.stacks import StackRequests
+from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
@@ -229,8 +229,9 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     ids = _Recorded()
     telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
                                tracing={"sampler": ids, "id_generator": ids})
-    requests = StackRequests(hello["stacks_fd"]) if hello.get("stacks_fd") is not None else None
-    install_plugins(telemetry, requests.stacks if requests is not None else None)
+    requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0)
+                if hello.get("requests_fd") is not None else None)
+    install_plugins(telemetry, requests)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
                         requests.deliver if requests is not None else lambda request_id, stacks: None)

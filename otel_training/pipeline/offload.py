@@ -41,9 +41,10 @@ from otel_training._ring import DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
 from otel_training.pipeline.drain import IGNORED_SIGNALS
+from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.pipeline.records import CLOSE, FLUSH
-from otel_training.pipeline.stacks import StackResponder
+from otel_training.pipeline.responder import Responder
 from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
 
 logger = logging.getLogger("otel_training")
@@ -63,10 +64,6 @@ def check_offload(options: Mapping[str, Any]) -> None:
     if options["watchdog"]:
         raise ConfigError("option offload=True (OTEL_TRAINING_OFFLOAD) cannot be combined with watchdog=True "
                           "(OTEL_TRAINING_WATCHDOG) yet: turn one of them off (docs/offload.md)")
-    if options["stuck_action"] != "none":
-        raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD) cannot be combined with "
-                          f"stuck_action={options['stuck_action']!r} (OTEL_TRAINING_STUCK_ACTION) yet: the stuck "
-                          "detector runs in the drain process (docs/offload.md)")
 
 
 class OffloadTelemetry(Telemetry):
@@ -116,7 +113,8 @@ class OffloadTelemetry(Telemetry):
         # the drain ignores them (drain.py): a job stopped in the drain's first second does not lose it. This
         # thread blocks them only for the fork; one arriving meanwhile waits, or goes to another thread.
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_SIGNALS)
-        # The drain's stuck alerts ask this process for its stacks through this pipe (pipeline/stacks.py).
+        # The drain's stuck detector asks this process for its stacks, or its exit, through this pipe
+        # (pipeline/responder.py).
         asked, ask = os.pipe()
         try:
             process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
@@ -128,9 +126,9 @@ class OffloadTelemetry(Telemetry):
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             os.close(ask)  # the drain's copy is the only one: its exit ends the responder
-        self._responder = StackResponder(asked, ring.write)
+        self._responder = Responder(asked, ring.write, self._exit_for_stuck_action)
         hello = {"options": {**self.options, "offload": False}, "resource": dict(self.resource.attributes),
-                 "schema_url": self.resource.schema_url, "pid": os.getpid(), "stacks_fd": ask}
+                 "schema_url": self.resource.schema_url, "pid": os.getpid(), "requests_fd": ask}
         assert process.stdin is not None
         try:
             process.stdin.write(pickle.dumps(hello))
@@ -139,6 +137,16 @@ class OffloadTelemetry(Telemetry):
             pass  # it died at once: found by ``_drain_alive``, its spans counted as dropped
         os.close(ring.fd)  # the drain has its own copy; the mapping keeps the memory here
         return process
+
+    def _exit_for_stuck_action(self, code: int) -> None:
+        """``stuck_action="exit"``, asked by the drain's detector: as in-process, end the open spans (the stuck
+        step first), flush within the exit budget and exit with ``code`` for the launcher to restart."""
+        logger.warning("otel_training: exiting with code %d (a stuck span) so the launcher restarts this rank", code)
+        try:
+            end_spans_before_stuck_exit(self)
+            self.force_flush(timeout_s=self.options["exit_timeout_s"])
+        finally:
+            os._exit(code)
 
     def _drain_alive(self) -> bool:
         """False once the drain has exited: from then on every record is dropped at once, and counted."""

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained
-from otel_training.pipeline.stacks import StacksSource
+from otel_training.processors.stuck_actions import RemoteProcess
 from otel_training.pipeline.telemetry import Telemetry
 
 
-def install_plugins(telemetry: Telemetry, stacks_source: StacksSource | None = None) -> None:
+def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None) -> None:
     """Processors and helpers that options turn on, each in its own module.
 
-    ``stacks_source``: where stuck alerts take the stacks from when the spans are another process's (the
-    drain asks the training process: ``pipeline/stacks.py``).
+    ``remote``: the process whose spans these are, when it is another one (the drain's training process,
+    ``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it.
     """
     # The DLRover-format event log (issue 2).
     if telemetry.options["dlrover_log"]:
@@ -41,9 +41,9 @@ def install_plugins(telemetry: Telemetry, stacks_source: StacksSource | None = N
             slot = call_contained(watchdog.start, telemetry)
         telemetry.stuck = StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
-            flush=telemetry.force_flush, before_exit=lambda: _end_spans_before_stuck_exit(telemetry),
+            flush=telemetry.force_flush, before_exit=lambda: end_spans_before_stuck_exit(telemetry),
             exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=not telemetry.REPLAYS,
-            stacks_source=stacks_source, replayed=telemetry.REPLAYS)
+            remote=remote, replayed=telemetry.REPLAYS)
         telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.
@@ -61,7 +61,7 @@ def install_plugins(telemetry: Telemetry, stacks_source: StacksSource | None = N
         )
 
 
-def _end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
+def end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
     """The stuck detector's exit action would lose the open spans, the stuck step first of all."""
     from otel_training.lifecycle.hooks import end_open_spans
 

@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from otel_training import semconv as sc
 from otel_training._stacks import thread_stacks
-from otel_training.processors.stuck_actions import StuckActions, guarded, log_internal
+from otel_training.processors.stuck_actions import RemoteProcess, StuckActions, guarded, log_internal
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
 from otel_training.processors.stuck_rules import (
     DEFAULT_FIRST_FACTOR,
@@ -121,7 +121,7 @@ class StuckSpanProcessor(SpanProcessor):
         before_exit: Callable[[], Any] | None = None,
         exit_flush_timeout_s: float = 2.0,
         stacks: bool = True,
-        stacks_source: Callable[[int | None], tuple[str | None, str | None]] | None = None,
+        remote: RemoteProcess | None = None,
         replayed: bool = False,
         tracer_provider: TracerProvider | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
@@ -142,13 +142,13 @@ class StuckSpanProcessor(SpanProcessor):
         self._escalation_s = escalation_s
         self._callbacks = [on_stuck] if callable(on_stuck) else list(on_stuck)
         self._stacks = stacks
-        #: Where the stacks come from when they are not this process's: ``(thread_id) -> (stacks, why missing)``.
-        self._stacks_source = stacks_source
+        #: The process whose spans these are, when it is another one: its stacks, and where actions go.
+        self._remote = remote
         #: Spans reach it after they began (replayed by the offload drain): each is timed from its own start.
         self._replayed = replayed
         self._sink = AlertSink(tracer_provider, meter_provider, action)
         self._actions = StuckActions(action, exit_code, signal, flush, before_exit, exit_flush_timeout_s,
-                                     lambda: self._sink.flush_target)
+                                     lambda: self._sink.flush_target, remote)
         self._slot = slot
         #: Monotonic seconds; injected by tests, which then drive the scans with ``tick()``.
         self._clock = clock
@@ -339,7 +339,7 @@ class StuckSpanProcessor(SpanProcessor):
         elapsed = now - entry.start
         if self._slot is not None:
             self._slot.alerted(entry.span.context.span_id)
-        stacks, missing = (self._stacks_source(entry.thread_id) if self._stacks_source is not None
+        stacks, missing = (self._remote.stacks(entry.thread_id) if self._remote is not None
                            else (thread_stacks(entry.thread_id) if self._stacks else None, None))
         event = self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context, entry.threshold,
                                  entry.count, elapsed, stacks, missing)

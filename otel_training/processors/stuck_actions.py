@@ -13,7 +13,7 @@ import os
 import signal as signal_module
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from otel_training._contain import log_once
 
@@ -32,12 +32,27 @@ def log_internal(where: str) -> None:
     log_once(f"stuck:{where}", "otel_training: internal error in the stuck detector (%s); training continues", where)
 
 
+class RemoteProcess(Protocol):
+    """The process whose spans a detector watches, when that is another process (the offload drain watches
+    the training process's spans): where its stacks come from, and how its actions reach it."""
+
+    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
+        """Every thread's stack, ``thread_id``'s first, or (None, why they are missing); bounded."""
+
+    def signal(self, signum: int) -> None:
+        """Send it ``signum``."""
+
+    def exit(self, code: int) -> None:
+        """Have it end its open spans, flush and exit with ``code`` (never waits)."""
+
+
 class StuckActions:
-    """The flusher thread and the ``none``/``exit``/``signal`` action of one detector."""
+    """The flusher thread and the ``none``/``exit``/``signal`` action of one detector (on ``remote`` when the
+    watched spans are another process's)."""
 
     def __init__(self, action: str, exit_code: int, signal: int | str, flush: Callable[[float], Any] | None,
                  before_exit: Callable[[], Any] | None, flush_timeout_s: float,
-                 flush_target: Callable[[], Callable[[], Any] | None]) -> None:
+                 flush_target: Callable[[], Callable[[], Any] | None], remote: RemoteProcess | None = None) -> None:
         if action not in ("none", "exit", "signal"):
             raise ValueError(f"action must be 'none', 'exit' or 'signal', not {action!r}")
         self.action = action
@@ -48,6 +63,7 @@ class StuckActions:
         self._flush_timeout_s = flush_timeout_s
         #: Where the last alert went when no bounded flush was given (the stuck span's own pipeline).
         self._flush_target = flush_target
+        self._remote = remote
         self.reset()
 
     def reset(self) -> None:
@@ -82,7 +98,14 @@ class StuckActions:
 
     def act(self, span_name: str) -> None:
         """The action on a span's first stuck alert."""
-        if self.action == "signal":
+        if self._remote is not None and self.action != "none":
+            self.request_flush()  # the alert first: the remote process's exit flushes its own spans
+            if self.action == "signal":
+                self._remote.signal(self._signal)
+            elif not self._exiting:
+                self._exiting = True
+                self._remote.exit(self._exit_code)
+        elif self.action == "signal":
             logger.warning("otel_training: sending %s to this process (stuck %s)", self._signal.name, span_name)
             os.kill(os.getpid(), self._signal)
         elif self.action == "exit" and not self._exiting:

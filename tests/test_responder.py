@@ -1,5 +1,5 @@
-"""The drain asks the training process for its stacks (``pipeline/stacks.py``): answered, bounded, and free
-while nothing is asked."""
+"""The drain asks the training process for its stacks or its exit (``pipeline/responder.py``): answered,
+bounded, and free while nothing is asked."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from waiting import wait_until
 
 import otel_training
 from otel_training.pipeline.records import STACKS
-from otel_training.pipeline.stacks import StackRequests, StackResponder
+from otel_training.pipeline.responder import Requests, Responder
 
 
-def _answering_pair() -> tuple[StackRequests, StackResponder, list[bytes]]:
+def _answering_pair() -> tuple[Requests, Responder, list[bytes]]:
     """A responder in this process, its answers handed straight back to the requests (as the drain's reader
     would), and every record it wrote."""
     asked, ask = os.pipe()
-    requests = StackRequests(ask, wait_s=30)
+    requests = Requests(ask, os.getpid(), exit_wait_s=1, wait_s=30)
     written: list[bytes] = []
 
     def write(payload: bytes, begin: bool | None, deadline: float) -> bool:
@@ -31,7 +31,7 @@ def _answering_pair() -> tuple[StackRequests, StackResponder, list[bytes]]:
         requests.deliver(record[1], record[2])
         return True
 
-    return requests, StackResponder(asked, write), written
+    return requests, Responder(asked, write, exit=lambda code: None), written
 
 
 def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() -> None:
@@ -51,7 +51,7 @@ def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() ->
     worker.join()
     assert missing is None and stacks is not None
     assert stacks.startswith(f"Thread trainer ({worker.ident}) (the stuck span's thread)")
-    assert "stuck_in_the_step" in stacks and "otel-training-stacks" not in stacks  # not the responder's own
+    assert "stuck_in_the_step" in stacks and "otel-training-responder" not in stacks  # not the responder's own
     assert [marshal.loads(payload)[0] for payload in written] == [STACKS]
     requests.close()
     responder.thread.join(10)
@@ -60,7 +60,7 @@ def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() ->
 
 def test_a_process_that_does_not_answer_leaves_the_alert_on_time_and_says_why() -> None:
     asked, ask = os.pipe()  # nobody reads ``asked``: a process frozen with the GIL held
-    requests = StackRequests(ask, wait_s=0.05)
+    requests = Requests(ask, os.getpid(), exit_wait_s=1, wait_s=0.05)
     started = time.monotonic()
     stacks, missing = requests.stacks(1234)
     assert stacks is None and missing is not None and "did not send its stacks within 50 ms" in missing
@@ -78,7 +78,7 @@ def test_no_thread_of_ours_in_an_offloaded_training_process_wakes_during_healthy
     assert telemetry.drain_ready(timeout_s=30)
     trainer = otel_training.TrainerProcess()
     ours = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
-    assert {thread.name for thread in ours} >= {"otel-training-stacks"}
+    assert {thread.name for thread in ours} >= {"otel-training-responder"}
 
     def switches() -> dict[str, int]:
         counts = {}

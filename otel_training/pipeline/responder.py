@@ -1,0 +1,156 @@
+"""What the drain asks of the training process: its threads' stacks for an alert, or its exit for a stuck action.
+
+Why: with ``offload=True`` the stuck detector runs in the drain process, but a stuck alert's first question
+is "where is it stuck?", and ``stuck_action`` ``exit`` or ``signal`` must act on the training process. So
+the training process keeps one thread, the ``Responder``, blocked reading a pipe from the drain: it holds no
+GIL and never wakes during healthy steps. The drain's side, ``Requests``, is the detector's
+``RemoteProcess`` (``processors/stuck_actions.py``):
+
+- ``stacks``: a request (24 bytes: kind, id, the stuck thread's id); the responder takes every thread's
+  stack as the in-process detector would (``_stacks.thread_stacks``) and writes them into the ring as a
+  ``STACKS`` record, which the drain's reader hands back (``deliver``). A training process that does not
+  answer within ``ANSWER_WAIT_S`` (its training thread holds the GIL in a long C call, or it is frozen)
+  does not delay the alert: it goes out on time with ``training.alert.stacks.error`` saying why.
+- ``exit``: the responder does what the in-process action does (end the open spans, flush within the
+  exit budget, ``os._exit`` with the code). One that has not exited by then (the GIL held) is killed with
+  SIGKILL, said in the log: the launcher restarts it either way.
+- ``signal``: sent by the drain itself; a signal needs no answer.
+
+The responder ends when the drain does (the pipe's end of file).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import marshal
+import os
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from otel_training._contain import log_once
+from otel_training._stacks import thread_stacks
+from otel_training.pipeline.records import STACKS
+
+logger = logging.getLogger("otel_training")
+_REQUEST = struct.Struct("<QQQ")  # kind, then (request id, thread id: 0 when none known) or (exit code, 0)
+_ASK_STACKS, _ASK_EXIT = 1, 2
+#: How long the drain's detector waits for the stacks before it alerts without them.
+ANSWER_WAIT_S = 0.03
+#: How long the responder waits for room in a full ring for its answer.
+_WRITE_WAIT_S = 1.0
+
+
+class Responder:
+    """The training process's side: one daemon thread, blocked on ``fd`` until the drain asks.
+
+    ``write(payload, begin, deadline)``: the ring's writer. ``exit(code)``: this process's stuck exit (end
+    the open spans, flush, ``os._exit``).
+    """
+
+    def __init__(self, fd: int, write: Callable[[bytes, "bool | None", float], bool],
+                 exit: Callable[[int], None]) -> None:
+        self._fd = fd
+        self._write = write
+        self._exit = exit
+        self.thread = threading.Thread(target=self._answer, name="otel-training-responder", daemon=True)
+        self.thread.start()
+
+    def _answer(self) -> None:
+        try:
+            while True:
+                request = os.read(self._fd, _REQUEST.size)  # blocks without the GIL; b"": the drain is gone
+                if len(request) != _REQUEST.size:
+                    return
+                kind, value, thread_id = _REQUEST.unpack(request)
+                if kind == _ASK_STACKS:
+                    stacks = thread_stacks(thread_id or None)
+                    self._write(marshal.dumps((STACKS, value, stacks)), None, time.monotonic() + _WRITE_WAIT_S)
+                elif kind == _ASK_EXIT:
+                    self._exit(int(value))
+        except Exception:  # noqa: BLE001 - never raise in the training process; the alerts go without stacks
+            log_once("responder", "otel_training: the thread answering the drain's requests stopped; stuck alerts "
+                     "go without stacks")
+        finally:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+
+
+class Requests:
+    """The drain's side, the stuck detector's ``RemoteProcess``: asks (bounded), and takes the answers.
+
+    ``pid``: the training process. ``exit_wait_s``: how long an exit may take before SIGKILL.
+    """
+
+    def __init__(self, fd: int, pid: int, exit_wait_s: float, wait_s: float = ANSWER_WAIT_S) -> None:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)  # never block a detector
+        self._fd = fd
+        self._pid = pid
+        self._exit_wait_s = exit_wait_s
+        self._wait_s = wait_s
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[int, list[object]] = {}
+
+    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
+        """The training process's stacks, the stuck thread's first, or (None, why not) within ``wait_s``."""
+        with self._lock:
+            self._next += 1
+            request_id = self._next
+            answered = threading.Event()
+            slot: list[object] = [None, answered]
+            self._waiting[request_id] = slot
+        try:
+            try:
+                os.write(self._fd, _REQUEST.pack(_ASK_STACKS, request_id, thread_id or 0))
+            except OSError as error:
+                return None, f"the training process could not be asked for its stacks ({error.strerror})"
+            if answered.wait(self._wait_s):
+                return slot[0], None  # type: ignore[return-value]
+            return None, (f"the training process did not send its stacks within {self._wait_s * 1000:.0f} ms "
+                          "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)")
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+
+    def deliver(self, request_id: int, stacks: str) -> None:
+        """A ``STACKS`` record read from the ring (an answer too late for its request is dropped)."""
+        with self._lock:
+            slot = self._waiting.get(request_id)
+        if slot is not None:
+            slot[0] = stacks
+            slot[1].set()  # type: ignore[attr-defined]
+
+    def signal(self, signum: int) -> None:
+        """``stuck_action="signal"``: the training process gets the signal, as it would from itself."""
+        logger.warning("otel_training: sending %s to the training process %d (a stuck span)",
+                       signal.Signals(signum).name, self._pid)
+        os.kill(self._pid, signum)
+
+    def exit(self, code: int) -> None:
+        """``stuck_action="exit"``: the training process ends its spans, flushes and exits with ``code``; one
+        still running after ``exit_wait_s`` (the GIL held) is killed."""
+        try:
+            os.write(self._fd, _REQUEST.pack(_ASK_EXIT, code, 0))
+        except OSError:
+            pass  # gone already, or not answering: the kill below
+        timer = threading.Timer(self._exit_wait_s, self._kill_if_running)
+        timer.daemon = True
+        timer.start()
+
+    def _kill_if_running(self) -> None:
+        if os.getppid() == self._pid:  # the drain's parent: still there
+            logger.warning("otel_training: the training process %d did not exit for its stuck action within %.1f s "
+                           "(it may hold the GIL); killing it", self._pid, self._exit_wait_s)
+            os.kill(self._pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
