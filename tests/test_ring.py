@@ -316,3 +316,30 @@ def test_the_loader_says_once_why_it_falls_back(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(RuntimeError, match="not built"):
         _native_loader.native("on")
     assert _native_loader.native("off") is None
+
+
+def test_a_package_without_its_extension_falls_back_by_itself_and_says_so_once(tmp_path: object) -> None:
+    """A copy of the package with no built extension (a machine without a C compiler, or a build that
+    failed): the loader finds none, says why once, and the ring runs on the fallback. ``python -S``: no site
+    packages, so an editable install's finder cannot hand it the extension built here."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(_native_loader.__file__).parent
+    copy = Path(str(tmp_path)) / "otel_training"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    program = (
+        "import logging, sys; logging.basicConfig(format='%(message)s')\n"
+        "from otel_training import _native_loader, _ring\n"
+        "assert _native_loader.native('auto') is None and _native_loader.native('auto') is None\n"
+        "ring = _ring.Ring.create(4096)\n"
+        "assert not ring.native and ring.write(b'x', True)\n"
+        "print('fallback', _native_loader.problem())\n"
+    )
+    result = subprocess.run([sys.executable, "-S", "-c", program], cwd=str(tmp_path), capture_output=True,
+                            text=True, timeout=60, env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("fallback the C extension otel_training._native is not built or does not load")
+    assert result.stderr.count("the pure-Python fallback runs instead") == 1  # said once, not per ring
