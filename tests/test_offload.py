@@ -256,11 +256,13 @@ def test_a_signal_ends_the_open_offloaded_spans_and_they_are_exported(tmp_path: 
     assert sorted(span["attributes"][sc.STEP] for span in spans if span["name"] == sc.SPAN_STEP) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("options, named", [({"watchdog": True}, "watchdog")])
-def test_what_offload_cannot_do_yet_is_refused_before_training(configure: Any, options: dict[str, Any],
-                                                                named: str) -> None:
-    with pytest.raises(ConfigError, match=f"offload=True.*{named}"):
-        configure(offload=True, **options)
+def test_native_on_without_the_extension_is_refused_before_training(configure: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_native_loader, "_tried", True)
+    monkeypatch.setattr(_native_loader, "_problem", "the C extension otel_training._native is not built")
+    with pytest.raises(ConfigError, match=r"option native='on' \(OTEL_TRAINING_NATIVE\): the C extension .* not built"):
+        configure(offload=True, native="on")
+    assert configure(offload=True, native="auto").force_flush(timeout_s=30).completed  # auto falls back
 
 
 def test_a_span_processor_added_in_the_training_process_is_refused(offloaded: Any) -> None:
@@ -282,7 +284,7 @@ def test_the_drain_reports_back_through_the_ring(offloaded: Any) -> None:
     assert context_api.get_current() == context_api.get_current()  # nothing left attached
 
 
-def test_otel_training_run_turns_its_default_watchdog_off_for_offload_and_refuses_both_asked_for(
+def test_otel_training_run_keeps_its_default_watchdog_with_offload_the_drain_does_its_work(
         tmp_path: Path) -> None:
     import argparse
 
@@ -293,10 +295,9 @@ def test_otel_training_run_turns_its_default_watchdog_off_for_offload_and_refuse
                                   command=[])
 
     env = build_environment(args("offload=true"), {})
-    assert env["OTEL_TRAINING_OFFLOAD"] == "true" and env["OTEL_TRAINING_WATCHDOG"] == "false"
+    assert env["OTEL_TRAINING_OFFLOAD"] == "true" and env["OTEL_TRAINING_WATCHDOG"] == "true"
+    assert build_environment(args("offload=true", "watchdog=false"), {})["OTEL_TRAINING_WATCHDOG"] == "false"
     assert build_environment(args(), {})["OTEL_TRAINING_WATCHDOG"] == "true"
-    with pytest.raises(ConfigError, match="offload=True.*watchdog"):
-        build_environment(args("offload=true", "watchdog=true"), {})
 
 
 # -- found by the review: each failed before its fix --------------------------------------------------------

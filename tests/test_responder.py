@@ -46,10 +46,10 @@ def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() ->
     worker = threading.Thread(target=stuck_in_the_step, name="trainer")
     worker.start()
     stuck.wait(30)
-    stacks, missing = requests.stacks(worker.ident)
+    stacks, source, missing = requests.stacks(worker.ident)
     release.set()
     worker.join()
-    assert missing is None and stacks is not None
+    assert missing is None and source is None and stacks is not None  # the process's own Python took them
     assert stacks.startswith(f"Thread trainer ({worker.ident}) (the stuck span's thread)")
     assert "stuck_in_the_step" in stacks and "otel-training-responder" not in stacks  # not the responder's own
     assert [marshal.loads(payload)[0] for payload in written] == [STACKS]
@@ -62,12 +62,13 @@ def test_a_process_that_does_not_answer_leaves_the_alert_on_time_and_says_why() 
     asked, ask = os.pipe()  # nobody reads ``asked``: a process frozen with the GIL held
     requests = Requests(ask, os.getpid(), exit_wait_s=1, wait_s=0.05)
     started = time.monotonic()
-    stacks, missing = requests.stacks(1234)
-    assert stacks is None and missing is not None and "did not send its stacks within 50 ms" in missing
+    stacks, source, missing = requests.stacks(1234)
+    assert stacks is None and source is None and missing is not None
+    assert "did not send its stacks within 50 ms" in missing
     assert time.monotonic() - started < 5  # bounded (the wait is 50 ms; the margin is for a loaded machine)
     requests.deliver(1, "too late")  # an answer after its request gave up is dropped
     os.close(asked)
-    stacks, missing = requests.stacks(1234)
+    stacks, source, missing = requests.stacks(1234)
     assert stacks is None and "could not be asked" in (missing or "")  # the training process is gone
     requests.close()
 

@@ -130,6 +130,79 @@ def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
     assert dead_step["end"] - dead_step["start"] > 0
 
 
+@pytest.mark.realtime
+def test_offloaded_a_process_frozen_with_the_gil_held_is_alerted_by_the_drain_with_py_spy_stacks(
+        tmp_path: Path) -> None:
+    """With offload=True the drain is the watchdog: it alerts on time (another process, it needs no GIL of the
+    training process), and the responder cannot answer, so py-spy reads the stacks, as the sidecar would."""
+    process = start_script(
+        """
+        import ctypes, otel_training
+        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.5, watchdog=True,
+                                offload=True, signal_hooks=False)
+        trainer = otel_training.TrainerProcess()
+        with trainer.epoch(epoch=3):
+            with trainer.step(global_step=1):
+                pass
+            with trainer.step(global_step=2) as step:
+                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
+                ctypes.PyDLL(None).sleep(6)   # libc sleep through PyDLL: the GIL stays held
+        """,
+        tmp_path,
+    )
+    try:
+        span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+        started = time.monotonic()
+        trace = tmp_path / "traces" / "traces-r0.jsonl"
+        alert = wait_for_alert(trace, sc.ALERT_KIND_STUCK, sc.ALERT_SOURCE_PROCESSOR)
+        assert time.monotonic() - started < 4.0 and process.poll() is None  # while it was still frozen
+    finally:
+        out, err = process.communicate(timeout=30)
+    attributes = alert["attributes"]
+    assert attributes[sc.ALERT_SPAN_ID] == span_id and alert["parent_id"] == span_id
+    assert attributes[sc.STEP] == 2 and attributes[sc.EPOCH] == 3 and attributes[sc.ALERT_ELAPSED_S] >= 0.5
+    assert alert["resource"][sc.PROCESS_PID] == process.pid
+    assert attributes.get(sc.ALERT_STACKS_SOURCE) == "py-spy", attributes.get(sc.ALERT_STACKS_ERROR)
+    assert "train.py" in attributes[sc.ALERT_STACKS]
+    assert process.returncode == 0, err
+
+
+def test_offloaded_a_process_killed_mid_step_gets_a_died_alert_and_its_open_spans_from_the_drain(
+        tmp_path: Path) -> None:
+    process = start_script(
+        """
+        import time, otel_training
+        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=60, watchdog=True,
+                                offload=True, signal_hooks=False)
+        trainer = otel_training.TrainerProcess()
+        with trainer.epoch(epoch=0):
+            with trainer.step(global_step=7) as step:
+                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
+                time.sleep(60)
+        """,
+        tmp_path,
+    )
+    span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=10)
+    trace = tmp_path / "traces" / "traces-r0.jsonl"
+    alert = wait_for_alert(trace, sc.ALERT_KIND_DIED, sc.ALERT_SOURCE_WATCHDOG)
+    assert alert["parent_id"] == span_id
+    assert alert["attributes"][sc.STEP] == 7 and alert["attributes"][sc.EPOCH] == 0
+    assert alert["attributes"][sc.ALERT_COUNT] == 1 and alert["attributes"][sc.ALERT_PID] == process.pid
+    assert alert["resource"][sc.PROCESS_PID] == process.pid
+    # Every span it could not end is exported, ended ERROR: the step it died in, and the epoch around it.
+    assert wait_until(lambda: {span["name"] for span in read_spans(trace)} >= {sc.SPAN_STEP, sc.SPAN_EPOCH},
+                      timeout_s=15)
+    spans = read_spans(trace)
+    (dead_step,) = [span for span in spans if span["span_id"] == span_id]
+    assert dead_step["name"] == sc.SPAN_STEP and dead_step["attributes"][sc.STEP] == 7
+    assert dead_step["status"]["code"] == 2 and dead_step["trace_id"] == alert["trace_id"]
+    assert [event["name"] for event in dead_step["events"]] == [sc.ALERT_KIND_DIED]
+    (epoch,) = [span for span in spans if span["name"] == sc.SPAN_EPOCH]
+    assert epoch["status"]["code"] == 2 and dead_step["parent_id"] == epoch["span_id"]
+
+
 def test_a_clean_exit_raises_nothing_and_the_watchdog_leaves(tmp_path: Path) -> None:
     process = start_script(
         """

@@ -47,10 +47,8 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     from otel_training.integrations.auto import ENV_JOB_ID, ENV_OWNER
 
     env = dict(environ)
-    # Under the launcher a sidecar watchdog reports ranks that freeze or die
-    # (docs/stuck-detection.md); -o watchdog=false turns it off. Not with offload=true (not yet: docs/offload.md).
-    watchdog_given = ENV_PREFIX + "WATCHDOG" in env or any(
-        item.partition("=")[0].strip().lower() == "watchdog" for item in args.option)
+    # Under the launcher a sidecar watchdog reports ranks that freeze or die (docs/stuck-detection.md);
+    # -o watchdog=false turns it off. With offload=true the drain does its work (docs/offload.md).
     env.setdefault(ENV_PREFIX + "WATCHDOG", "true")
     settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
     for item in args.option:
@@ -66,9 +64,6 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     if options["offload"]:
         from otel_training.pipeline.offload import check_offload
 
-        if not watchdog_given:
-            env[ENV_PREFIX + "WATCHDOG"] = "false"
-            options["watchdog"] = False
         check_offload(options)
     otel_env.validate(env)
     if (options["exporter"] or default_exporter(env)) == "file":

@@ -88,8 +88,9 @@ OPTIONS: tuple[Option, ...] = (
            "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
     Option("offload", _parse_bool, False,
            "Build, process and export spans in a drain process: this process only writes records to shared "
-           "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL. Linux (x86-64; aarch64 with the C extension); "
-           "not with `watchdog` yet ([offload.md](offload.md))."),
+           "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL; the drain also "
+           "does the stuck detector's and the watchdog's work. Linux (x86-64; aarch64 with the C extension) "
+           "([offload.md](offload.md))."),
     Option("native", _choice("auto", "on", "off"), "auto",
            'The offload path\'s core: "auto" takes the C extension built with the package and falls back to pure '
            'Python, saying so once in the log, where it did not build or load; "on" requires it (refused before '

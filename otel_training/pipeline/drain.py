@@ -20,6 +20,7 @@ that never ended); SIGKILL stops it at once.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import marshal
 import os
@@ -39,10 +40,13 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
                                  TraceState, Tracer, get_current_span, set_span_in_context)
 
+from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._native_loader import native
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
 from otel_training.pipeline.plugins import install_plugins
+from otel_training.processors.stuck import parse_span_names
+from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
 from otel_training.pipeline.responder import Requests
@@ -177,8 +181,14 @@ class Replayer:
         (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state, flags,
          parent_flags) = record
         self.ids.prime(trace_id, span_id, flags, state)
-        context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, parent_flags,
-                                                                state))) if parent_id else Context()
+        # The parent as the SDK span it is here when it is open (as in-process: processors read its attributes,
+        # the stuck alert its epoch), else by its ids alone (a remote parent, one begun before a drop).
+        parent = self.open.get(parent_id) if parent_id and not remote else None
+        if parent is not None and parent.get_span_context().trace_id == trace_id:
+            context = set_span_in_context(parent)
+        else:
+            context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, parent_flags,
+                                                                    state))) if parent_id else Context()
         tracer = self.tracers.get(scope) or self.telemetry.tracer
         span = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)
         self.open[span_id] = span  # type: ignore[assignment]
@@ -229,8 +239,9 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     ids = _Recorded()
     telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
                                tracing={"sampler": ids, "id_generator": ids})
-    requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0)
-                if hello.get("requests_fd") is not None else None)
+    watchdog = bool(hello.get("watchdog"))  # the sidecar's work is this drain's (responder.py)
+    requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0,
+                         py_spy=watchdog) if hello.get("requests_fd") is not None else None)
     install_plugins(telemetry, requests)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
@@ -255,6 +266,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
                 replayer.apply_all(ring.read(1 << 62))
                 break
             time.sleep(POLL_S)
+    if watchdog and replayer.open and not replayer.closed:
+        report_death(telemetry, replayer.open, parent)
     lost = len(replayer.open)
     if lost and not replayer.closed:
         logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
@@ -264,6 +277,34 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
     ring.put(DRAIN_FIELDS["done"], 1)
     return 0
+
+
+def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int) -> None:
+    """``watchdog=True``: the training process died without closing its pipeline (SIGKILL, the OOM killer).
+    As the sidecar would: a ``died`` alert on each watched span it was in, and every span it could not end
+    ended ERROR and exported, so the alert's parent and the rank's last step reach the backend."""
+    now = time.time_ns()
+    watched = parse_span_names(telemetry.options["stuck_span_names"])  # name or pattern -> threshold
+    tracer = telemetry.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
+    epoch = next((span.attributes[sc.EPOCH] for span in open_spans.values()
+                  if span.attributes and sc.EPOCH in span.attributes), None)
+    for span in list(open_spans.values()):
+        context = span.get_span_context()
+        if any(fnmatch.fnmatchcase(span.name, pattern) for pattern in watched):
+            attributes = alert_attributes(sc.ALERT_KIND_DIED, sc.ALERT_SOURCE_WATCHDOG, 1, span.name,
+                                          context.span_id, (now - (span.start_time or now)) / 1e9)
+            if span.attributes and sc.STEP in span.attributes:
+                attributes[sc.STEP] = span.attributes[sc.STEP]
+            if epoch is not None:
+                attributes[sc.EPOCH] = epoch
+            attributes[sc.ALERT_PID] = pid
+            end_alert_span(tracer, context, attributes)
+        span.add_event(sc.ALERT_KIND_DIED, {sc.ALERT_PID: pid, sc.ALERT_SOURCE: sc.ALERT_SOURCE_WATCHDOG}, now)
+        span.set_status(Status(StatusCode.ERROR, f"process {pid} died in this span"))
+        span.end(now)
+    logger.warning("otel_training: the training process %d died with %d span(s) open; they are ended as "
+                   "died and exported", pid, len(open_spans))
+    open_spans.clear()
 
 
 #: What the drain ignores. A scheduler that stops a job signals every process of it (Slurm's scancel, a

@@ -61,9 +61,6 @@ def check_offload(options: Mapping[str, Any]) -> None:
     why = supported(options["native"])
     if why is not None:
         raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD): not available here: {why}")
-    if options["watchdog"]:
-        raise ConfigError("option offload=True (OTEL_TRAINING_OFFLOAD) cannot be combined with watchdog=True "
-                          "(OTEL_TRAINING_WATCHDOG) yet: turn one of them off (docs/offload.md)")
 
 
 class OffloadTelemetry(Telemetry):
@@ -127,8 +124,10 @@ class OffloadTelemetry(Telemetry):
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             os.close(ask)  # the drain's copy is the only one: its exit ends the responder
         self._responder = Responder(asked, ring.write, self._exit_for_stuck_action)
-        hello = {"options": {**self.options, "offload": False}, "resource": dict(self.resource.attributes),
-                 "schema_url": self.resource.schema_url, "pid": os.getpid(), "requests_fd": ask}
+        # The drain runs no sidecar of its own: it does the sidecar's work for this process (responder.py).
+        hello = {"options": {**self.options, "offload": False, "watchdog": False},
+                 "resource": dict(self.resource.attributes), "schema_url": self.resource.schema_url,
+                 "pid": os.getpid(), "requests_fd": ask, "watchdog": self.options["watchdog"]}
         assert process.stdin is not None
         try:
             process.stdin.write(pickle.dumps(hello))

@@ -16,6 +16,10 @@ GIL and never wakes during healthy steps. The drain's side, ``Requests``, is the
   SIGKILL, said in the log: the launcher restarts it either way.
 - ``signal``: sent by the drain itself; a signal needs no answer.
 
+With ``watchdog=True`` the drain also does the sidecar's work (it watches from another process already): a
+training process that does not answer has its stacks read by py-spy, and one that dies without closing its
+pipeline gets a ``died`` alert, its open spans ended ERROR and exported (``drain.py``).
+
 The responder ends when the drain does (the pipe's end of file).
 """
 
@@ -87,18 +91,31 @@ class Requests:
     ``pid``: the training process. ``exit_wait_s``: how long an exit may take before SIGKILL.
     """
 
-    def __init__(self, fd: int, pid: int, exit_wait_s: float, wait_s: float = ANSWER_WAIT_S) -> None:
+    def __init__(self, fd: int, pid: int, exit_wait_s: float, wait_s: float = ANSWER_WAIT_S,
+                 py_spy: bool = False) -> None:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)  # never block a detector
         self._fd = fd
         self._pid = pid
         self._exit_wait_s = exit_wait_s
         self._wait_s = wait_s
+        #: ``watchdog=True``: a process that does not answer has its stacks read by py-spy, as the sidecar does.
+        self._py_spy = py_spy
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, list[object]] = {}
 
-    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
-        """The training process's stacks, the stuck thread's first, or (None, why not) within ``wait_s``."""
+    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None, str | None]:
+        """The training process's stacks, the stuck thread's first, within ``wait_s``; else py-spy's (with
+        ``watchdog=True``), or none and why (``RemoteProcess.stacks``)."""
+        stacks, missing = self._ask_for_stacks(thread_id)
+        if stacks is not None or not self._py_spy:
+            return stacks, None, missing
+        from otel_training.watchdog.monitor import py_spy_stacks  # only for a process that does not answer
+
+        stacks, error = py_spy_stacks(self._pid)
+        return stacks, "py-spy" if stacks is not None else None, None if stacks is not None else f"{missing}; {error}"
+
+    def _ask_for_stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
         with self._lock:
             self._next += 1
             request_id = self._next

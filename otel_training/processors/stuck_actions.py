@@ -36,8 +36,9 @@ class RemoteProcess(Protocol):
     """The process whose spans a detector watches, when that is another process (the offload drain watches
     the training process's spans): where its stacks come from, and how its actions reach it."""
 
-    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
-        """Every thread's stack, ``thread_id``'s first, or (None, why they are missing); bounded."""
+    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None, str | None]:
+        """(every thread's stack, ``thread_id``'s first; who took them, when not the process's own Python, e.g.
+        "py-spy"; why they are missing); bounded in time."""
 
     def signal(self, signum: int) -> None:
         """Send it ``signum``."""

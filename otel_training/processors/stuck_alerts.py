@@ -65,8 +65,10 @@ class AlertSink:
         self.flush_target: Callable[[], Any] | None = None
 
     def emit(self, kind: str, span: Span, parent_context: Context | None, threshold: Threshold, count: int,
-             elapsed: float, stacks: str | None, stacks_missing: str | None = None) -> StuckEvent:
-        """``stacks_missing``: why the stacks could not be taken (``training.alert.stacks.error``)."""
+             elapsed: float, stacks: str | None, stacks_missing: str | None = None,
+             stacks_source: str | None = None) -> StuckEvent:
+        """``stacks_missing``: why the stacks could not be taken (``training.alert.stacks.error``);
+        ``stacks_source``: who took them, when not the process's own Python (``training.alert.stacks.source``)."""
         context = span.get_span_context()
         attributes: dict[str, Any] = {}
         parent = trace_api.get_current_span(parent_context) if parent_context is not None else None
@@ -83,6 +85,8 @@ class AlertSink:
             attributes[sc.ALERT_STACKS] = stacks
         if stacks_missing is not None:
             attributes[sc.ALERT_STACKS_ERROR] = stacks_missing
+        if stacks_source is not None:
+            attributes[sc.ALERT_STACKS_SOURCE] = stacks_source
         if kind == sc.ALERT_KIND_STUCK and self._action != "none":
             attributes[sc.ALERT_ACTION] = self._action
         if kind == sc.ALERT_KIND_STUCK and count > 1:
