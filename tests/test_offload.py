@@ -284,7 +284,7 @@ def test_the_drain_reports_back_through_the_ring(offloaded: Any) -> None:
     assert context_api.get_current() == context_api.get_current()  # nothing left attached
 
 
-def test_otel_training_run_keeps_its_default_watchdog_with_offload_the_drain_does_its_work(
+def test_otel_training_run_offloads_by_default_and_keeps_its_watchdog(
         tmp_path: Path) -> None:
     import argparse
 
@@ -297,7 +297,21 @@ def test_otel_training_run_keeps_its_default_watchdog_with_offload_the_drain_doe
     env = build_environment(args("offload=true"), {})
     assert env["OTEL_TRAINING_OFFLOAD"] == "true" and env["OTEL_TRAINING_WATCHDOG"] == "true"
     assert build_environment(args("offload=true", "watchdog=false"), {})["OTEL_TRAINING_WATCHDOG"] == "false"
-    assert build_environment(args(), {})["OTEL_TRAINING_WATCHDOG"] == "true"
+    default = build_environment(args(), {})  # offload by default where it runs (this test runs where it does)
+    assert default["OTEL_TRAINING_WATCHDOG"] == "true" and default["OTEL_TRAINING_OFFLOAD"] == "true"
+    assert build_environment(args("offload=false"), {})["OTEL_TRAINING_OFFLOAD"] == "false"
+    assert build_environment(args(), {"OTEL_TRAINING_OFFLOAD": "0"})["OTEL_TRAINING_OFFLOAD"] == "0"
+
+
+def test_otel_training_run_stays_in_process_where_offload_cannot_run(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from otel_training.cli.run import build_environment
+
+    monkeypatch.setattr(_ring, "supported", lambda mode="auto": "no sealed memfd on this platform (Linux only)")
+    options = argparse.Namespace(exporter="file", output_dir=str(tmp_path), service_name=None, option=[], command=[])
+    assert build_environment(options, {})["OTEL_TRAINING_OFFLOAD"] == "false"  # no error: the default adapts
 
 
 # -- found by the review: each failed before its fix --------------------------------------------------------

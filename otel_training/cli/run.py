@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--service-name", help="service.name of the resource (OTEL_TRAINING_SERVICE_NAME)")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                         help="any configure() option, e.g. -o stuck_threshold_s=600 (repeatable); "
-                        "the watchdog sidecar is on by default here: -o watchdog=false turns it off")
+                        "here offload and the watchdog are on by default: -o offload=false keeps the spans in "
+                        "the training process, -o watchdog=false turns the watchdog off")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     parser.set_defaults(handler=run)
 
@@ -48,8 +49,12 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
 
     env = dict(environ)
     # Under the launcher a sidecar watchdog reports ranks that freeze or die (docs/stuck-detection.md);
-    # -o watchdog=false turns it off. With offload=true the drain does its work (docs/offload.md).
+    # -o watchdog=false turns it off. With offload the drain does its work (docs/offload.md).
     env.setdefault(ENV_PREFIX + "WATCHDOG", "true")
+    # Offload by default where it runs: spans built, processed and exported by a drain process, nothing of
+    # ours waking in the training process (docs/offload.md); -o offload=false keeps them in this process.
+    offload_given = ENV_PREFIX + "OFFLOAD" in env or any(
+        item.partition("=")[0].strip().lower() == "offload" for item in args.option)
     settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
     for item in args.option:
         name, sep, value = item.partition("=")
@@ -61,6 +66,11 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
             env[ENV_PREFIX + name.upper()] = value
     # Fail here, before the job starts: a worker that cannot configure runs uninstrumented.
     options = resolve({}, env)
+    if not offload_given:
+        from otel_training._ring import supported
+
+        options["offload"] = supported(options["native"]) is None
+        env[ENV_PREFIX + "OFFLOAD"] = "true" if options["offload"] else "false"
     if options["offload"]:
         from otel_training.pipeline.offload import check_offload
 
