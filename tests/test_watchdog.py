@@ -23,6 +23,32 @@ from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotWriter
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: Step 2 frozen for 6 s with the GIL held (libc's sleep through PyDLL), its span id printed first.
+FROZEN = """
+    import ctypes, otel_training
+    otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.5, watchdog=True,
+                            offload={offload}, signal_hooks=False)
+    trainer = otel_training.TrainerProcess()
+    with trainer.epoch(epoch=3):
+        with trainer.step(global_step=1):
+            pass
+        with trainer.step(global_step=2) as step:
+            print(f"{{step.span.get_span_context().span_id:016x}}", flush=True)
+            ctypes.PyDLL(None).sleep(6)
+    """
+#: Step 7 sleeping for a minute, its span id printed first: the test kills it.
+KILLED = """
+    import time, otel_training
+    otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=60, watchdog=True,
+                            offload={offload}, signal_hooks=False)
+    trainer = otel_training.TrainerProcess()
+    with trainer.epoch(epoch=0):
+        with trainer.step(global_step=7) as step:
+            print(f"{{step.span.get_span_context().span_id:016x}}", flush=True)
+            time.sleep(60)
+    """
+
+
 def start_script(script: str, tmp_path: Path) -> subprocess.Popen[str]:
     env = child_environ()
     env["PYTHONPATH"] = str(REPO)
@@ -58,21 +84,7 @@ def wait_for_alert(path: Path, kind: str, source: str, timeout_s: float = 15.0) 
 
 @pytest.mark.realtime
 def test_a_process_frozen_with_the_gil_held_is_reported_while_frozen(tmp_path: Path) -> None:
-    process = start_script(
-        """
-        import ctypes, otel_training
-        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.5, watchdog=True,
-                                signal_hooks=False)
-        trainer = otel_training.TrainerProcess()
-        with trainer.epoch(epoch=3):
-            with trainer.step(global_step=1):
-                pass
-            with trainer.step(global_step=2) as step:
-                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
-                ctypes.PyDLL(None).sleep(6)   # libc sleep through PyDLL: the GIL stays held
-        """,
-        tmp_path,
-    )
+    process = start_script(FROZEN.format(offload=False), tmp_path)
     try:
         span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
         started = time.monotonic()
@@ -101,19 +113,7 @@ def test_a_process_frozen_with_the_gil_held_is_reported_while_frozen(tmp_path: P
 
 
 def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
-    process = start_script(
-        """
-        import time, otel_training
-        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=60, watchdog=True,
-                                signal_hooks=False)
-        trainer = otel_training.TrainerProcess()
-        with trainer.epoch(epoch=0):
-            with trainer.step(global_step=7) as step:
-                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
-                time.sleep(60)
-        """,
-        tmp_path,
-    )
+    process = start_script(KILLED.format(offload=False), tmp_path)
     span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=10)
@@ -135,21 +135,7 @@ def test_offloaded_a_process_frozen_with_the_gil_held_is_alerted_by_the_drain_wi
         tmp_path: Path) -> None:
     """With offload=True the drain is the watchdog: it alerts on time (another process, it needs no GIL of the
     training process), and the responder cannot answer, so py-spy reads the stacks, as the sidecar would."""
-    process = start_script(
-        """
-        import ctypes, otel_training
-        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=0.5, watchdog=True,
-                                offload=True, signal_hooks=False)
-        trainer = otel_training.TrainerProcess()
-        with trainer.epoch(epoch=3):
-            with trainer.step(global_step=1):
-                pass
-            with trainer.step(global_step=2) as step:
-                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
-                ctypes.PyDLL(None).sleep(6)   # libc sleep through PyDLL: the GIL stays held
-        """,
-        tmp_path,
-    )
+    process = start_script(FROZEN.format(offload=True), tmp_path)
     try:
         span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
         started = time.monotonic()
@@ -169,19 +155,7 @@ def test_offloaded_a_process_frozen_with_the_gil_held_is_alerted_by_the_drain_wi
 
 def test_offloaded_a_process_killed_mid_step_gets_a_died_alert_and_its_open_spans_from_the_drain(
         tmp_path: Path) -> None:
-    process = start_script(
-        """
-        import time, otel_training
-        otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=60, watchdog=True,
-                                offload=True, signal_hooks=False)
-        trainer = otel_training.TrainerProcess()
-        with trainer.epoch(epoch=0):
-            with trainer.step(global_step=7) as step:
-                print(f"{step.span.get_span_context().span_id:016x}", flush=True)
-                time.sleep(60)
-        """,
-        tmp_path,
-    )
+    process = start_script(KILLED.format(offload=True), tmp_path)
     span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=10)
