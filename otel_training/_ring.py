@@ -127,7 +127,7 @@ class Ring:
         return self._core is not None
 
     def fast_records(self) -> Any:
-        """The C core's writer of fast span records (``record_tracer.FastRecords``), or None on the fallback.
+        """The C core's writer of fast span records (``pipeline.records.FastRecords``), or None on the fallback.
 
         It writes them only once the drain has said it reads them (``DRAIN_FIELDS["caps"]``); until then, and
         for any span it cannot encode, its ``begin`` and ``end`` return None and the caller writes marshal.

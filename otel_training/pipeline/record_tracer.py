@@ -173,20 +173,21 @@ class RecordSpan(trace_api.Span):
                 return
             self.end_time = end_time = time.time_ns() if end_time is None else end_time
         status = self._status
-        if self._events is None and status is None and not self._renamed and self._links is None:
-            fast = self._provider.fast
-            written = fast.end(self._context.span_id, end_time, self._updates) if fast is not None else None
+        # Nothing added since it began but attributes: the C core's fast record, or the short marshal form.
+        plain = self._events is None and status is None and not self._renamed and self._links is None
+        fast = self._provider.fast
+        if plain and fast is not None:
+            written = fast.end(self._context.span_id, end_time, self._updates)
             if written is not None:
                 if written[0] is not None:  # the ring was full: wait or drop as any record does
                     self._provider.emit(written[0], False)
                 return
-        if self._updates is None and self._events is None and status is None and not self._renamed \
-                and self._links is None:
+        if plain and self._updates is None:
             payload: bytes | None = marshal.dumps((END, self._context.span_id, end_time))
         else:
             payload = encode((END, self._context.span_id, end_time, self._updates, self._events,
-                               None if status is None else (status.status_code.value, status.description),
-                               self.name if self._renamed else None, encode_links(self._links)))
+                              None if status is None else (status.status_code.value, status.description),
+                              self.name if self._renamed else None, encode_links(self._links)))
         if payload is None:
             self._provider.ring_drops += 1
         else:
