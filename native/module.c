@@ -1,13 +1,17 @@
 /* otel_training._native: the hot parts of the offload path in C (docs/architecture.md says why C).
  *
- * RingCore wraps ring.c over a writable buffer (the ring's mmap). Writers are serialised by the GIL, held
- * across an append, so no Python code (a signal handler included) runs in the middle of one. Everything a
- * caller may get wrong (a closed ring, a payload too big, a header offset) is a return value or a Python
- * exception, never a crash.
+ * RingCore wraps ring.c over a writable buffer (the ring's mmap). Writers hold the GIL and the ring's write
+ * lock across an append, so no Python code (a signal handler included) runs in the middle of one, and the
+ * device resolver's thread (DevicePoller, device.c), which never takes the GIL, writes its device records
+ * between them. Everything a caller may get wrong (a closed ring, a payload too big, a header offset) is a
+ * return value or a Python exception, never a crash.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
+
+#include "device.h"
 #include "records.h"
 #include "ring.h"
 
@@ -21,6 +25,8 @@ typedef struct {
     Py_buffer view; /* the mapping, held until release() */
     int has_view;
     int closed;
+    int has_lock;
+    pthread_mutex_t write_lock; /* every append: the device resolver's thread writes without the GIL */
     ot_ring ring;
     unsigned long long ends_written; /* end records written (kind 0) */
     unsigned long long corrupt;      /* takes that found bytes that did not frame as records */
@@ -36,6 +42,10 @@ static int ring_core_init(RingCore *self, PyObject *args, PyObject *kwargs) {
     if (self->has_view) {
         PyErr_SetString(PyExc_RuntimeError, "RingCore is already initialised");
         return -1;
+    }
+    if (!self->has_lock) {
+        pthread_mutex_init(&self->write_lock, NULL);
+        self->has_lock = 1;
     }
     if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     self->has_view = 1;
@@ -53,6 +63,7 @@ static int ring_core_init(RingCore *self, PyObject *args, PyObject *kwargs) {
 
 static void ring_core_dealloc(RingCore *self) {
     if (self->has_view) PyBuffer_Release(&self->view);
+    if (self->has_lock) pthread_mutex_destroy(&self->write_lock);
     Py_CLEAR(self->trace_id);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -85,10 +96,12 @@ static PyObject *ring_core_append(RingCore *self, PyObject *const *args, Py_ssiz
         length = other.len;
     }
     int status = 3, moved = 0;
+    pthread_mutex_lock(&self->write_lock);
     if (!self->closed && self->has_view)
         status = (unsigned long long)length <= UINT32_MAX - 4
                      ? ot_ring_append(&self->ring, (const uint8_t *)data, (uint32_t)length, &moved)
                      : OT_TOO_BIG;
+    pthread_mutex_unlock(&self->write_lock);
     if (has_other) PyBuffer_Release(&other);
     if (status == OT_OK && args[1] == Py_False) self->ends_written++;
     return PyLong_FromLong(status);
@@ -162,11 +175,14 @@ static PyObject *ring_core_store(RingCore *self, PyObject *const *args, Py_ssize
 
 static PyObject *ring_core_release(RingCore *self, PyObject *unused) {
     (void)unused;
+    if (!self->has_lock) Py_RETURN_NONE; /* never initialised */
+    pthread_mutex_lock(&self->write_lock); /* no device record is being written into the mapping */
     self->closed = 1;
     if (self->has_view) {
         PyBuffer_Release(&self->view);
         self->has_view = 0;
     }
+    pthread_mutex_unlock(&self->write_lock);
     Py_RETURN_NONE;
 }
 
@@ -236,7 +252,9 @@ static PyObject *write_record(RingCore *self, const ot_record *record) {
     if (buffer == NULL) return PyErr_NoMemory();
     ot_record_encode(record, buffer);
     int moved;
+    pthread_mutex_lock(&self->write_lock);
     int status = ot_ring_append(&self->ring, buffer, (uint32_t)size, &moved);
+    pthread_mutex_unlock(&self->write_lock);
     PyObject *result;
     if (status == OT_OK) {
         if (record->type == OT_RECORD_END) self->ends_written++;
@@ -392,6 +410,11 @@ static PyObject *native_decode(PyObject *module, PyObject *payload) {
         PyErr_SetString(PyExc_ValueError, "not a fast span record");
         goto done;
     }
+    if (record->type == OT_RECORD_DEVICE) { /* (7, token, which, ns): records.py's DEVICE */
+        result = Py_BuildValue("(iKiL)", 7, (unsigned long long)record->span_id, (int)record->kind,
+                               (long long)record->time);
+        goto done;
+    }
     if (record->count) {
         attributes = PyDict_New();
         if (attributes == NULL) goto done;
@@ -499,6 +522,193 @@ static PyTypeObject RingCoreType = {
     .tp_getset = ring_core_getset,
 };
 
+
+/* -- the device resolver (device.h) ----------------------------------------------------------------------- */
+
+/* The poller thread's sink: a device record into the ring, under the write lock, without the GIL. Refused
+ * (counted by the poller as dropped) when the ring is closed or full: the resolver never waits. */
+static int device_sink(void *context, uint64_t token, uint8_t which, int64_t ns) {
+    RingCore *ring = context;
+    ot_record record;
+    record.type = OT_RECORD_DEVICE, record.span_id = token, record.kind = which, record.time = ns;
+    uint8_t buffer[32];
+    size_t size = ot_record_encode(&record, buffer);
+    int moved, status = OT_FULL;
+    pthread_mutex_lock(&ring->write_lock);
+    if (!ring->closed && ring->has_view) status = ot_ring_append(&ring->ring, buffer, (uint32_t)size, &moved);
+    pthread_mutex_unlock(&ring->write_lock);
+    return status != OT_OK;
+}
+
+typedef struct {
+    PyObject_HEAD
+    ot_poller *poller;
+    RingCore *ring; /* kept alive while the thread may write into it */
+    int orphaned;   /* close() gave up on the thread: the ring stays referenced for good */
+} DevicePoller;
+
+
+/* DevicePoller(ring, driver, poll_us, idle_us, only_loaded=True): the resolver thread for the CUDA context
+ * current on this thread, writing into `ring` (a RingCore). OSError with the reason when it cannot start. */
+static int device_poller_init(DevicePoller *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"ring", "driver", "poll_us", "idle_us", "only_loaded", NULL};
+    PyObject *ring;
+    const char *driver;
+    unsigned int poll_us, idle_us;
+    int only_loaded = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!sII|p", names, &RingCoreType, &ring, &driver, &poll_us,
+                                     &idle_us, &only_loaded))
+        return -1;
+    if (self->poller != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "DevicePoller is already started");
+        return -1;
+    }
+    if (!((RingCore *)ring)->has_lock) {
+        PyErr_SetString(PyExc_ValueError, "the ring was not initialised");
+        return -1;
+    }
+    ot_cuda cuda;
+    char why[256];
+    if (ot_cuda_load(&cuda, driver, only_loaded, why, sizeof why) != 0) {
+        PyErr_SetString(PyExc_OSError, why);
+        return -1;
+    }
+    self->ring = (RingCore *)Py_NewRef(ring);
+    self->poller = ot_poller_start(&cuda, device_sink, ring, poll_us, idle_us, why, sizeof why);
+    if (self->poller == NULL) {
+        Py_CLEAR(self->ring);
+        PyErr_SetString(PyExc_OSError, why);
+        return -1;
+    }
+    return 0;
+}
+
+static int poller_running(DevicePoller *self) {
+    return self->poller != NULL;
+}
+
+static int device_args(PyObject *const *args, uint64_t *token, uint64_t *which) {
+    return exact_u64(args[0], 0, UINT64_MAX, token) || exact_u64(args[1], 0, 1, which);
+}
+
+/* mark(token, which, stream) -> True queued; False: time this one on the host (a capture, a full queue, a
+ * failed or closed resolver, or arguments that are not a u64 token, 0 or 1, and a stream handle). */
+static PyObject *device_poller_mark(DevicePoller *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "mark(token, which, stream) takes three arguments");
+        return NULL;
+    }
+    uint64_t token, which, stream;
+    if (!poller_running(self) || device_args(args, &token, &which) || exact_u64(args[2], 0, UINTPTR_MAX, &stream))
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(ot_poller_mark(self->poller, token, (uint8_t)which, (void *)(uintptr_t)stream));
+}
+
+/* host(token, which, ns) -> True queued: a marker timed by the host (ns since the epoch), in order. */
+static PyObject *device_poller_host(DevicePoller *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "host(token, which, ns) takes three arguments");
+        return NULL;
+    }
+    uint64_t token, which, ns;
+    if (!poller_running(self) || device_args(args, &token, &which) || exact_u64(args[2], 0, INT64_MAX, &ns))
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(ot_poller_host(self->poller, token, (uint8_t)which, (int64_t)ns));
+}
+
+static PyObject *device_poller_capture(DevicePoller *self, PyObject *argument) {
+    long delta = PyLong_AsLong(argument);
+    if (delta == -1 && PyErr_Occurred()) return NULL;
+    if (poller_running(self)) {
+        Py_BEGIN_ALLOW_THREADS /* waits for the thread to leave a CUDA call */
+        ot_poller_capture(self->poller, delta > 0 ? 1 : -1);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *device_poller_stats(DevicePoller *self, PyObject *unused) {
+    (void)unused;
+    ot_poller_stats stats = {0};
+    if (poller_running(self)) ot_poller_stats_get(self->poller, &stats);
+    return Py_BuildValue("{sKsKsKsKsKsK}", "marked", (unsigned long long)stats.marked, "resolved",
+                         (unsigned long long)stats.resolved, "dropped", (unsigned long long)stats.dropped, "refused",
+                         (unsigned long long)stats.refused, "failed", (unsigned long long)stats.failed, "pending",
+                         (unsigned long long)stats.pending);
+}
+
+/* close(timeout_s) -> (stats, stopped): resolve what completes in time, stop the thread. stopped False: the
+ * thread is inside a CUDA call (a hung device) and stops by itself later, writing nothing more. */
+static PyObject *device_poller_close(DevicePoller *self, PyObject *argument) {
+    double timeout_s = PyFloat_AsDouble(argument);
+    if (timeout_s == -1.0 && PyErr_Occurred()) return NULL;
+    if (!poller_running(self)) return Py_BuildValue("(NO)", device_poller_stats(self, NULL), Py_True);
+    ot_poller *poller = self->poller;
+    ot_poller_stats stats;
+    int running;
+    Py_BEGIN_ALLOW_THREADS
+    running = ot_poller_stop(poller, timeout_s, &stats); /* pending: what it could not resolve in time */
+    Py_END_ALLOW_THREADS
+    self->poller = NULL;
+    if (running) self->orphaned = 1; /* the ring stays referenced: no write reaches it after this, by the flag */
+    else Py_CLEAR(self->ring);
+    return Py_BuildValue("(NO)", Py_BuildValue("{sKsKsKsKsKsK}", "marked", (unsigned long long)stats.marked,
+                                               "resolved", (unsigned long long)stats.resolved, "dropped",
+                                               (unsigned long long)stats.dropped, "refused",
+                                               (unsigned long long)stats.refused, "failed",
+                                               (unsigned long long)stats.failed, "pending",
+                                               (unsigned long long)stats.pending),
+                         running ? Py_False : Py_True);
+}
+
+/* forget(): in a forked child, where the thread does not exist. */
+static PyObject *device_poller_forget(DevicePoller *self, PyObject *unused) {
+    (void)unused;
+    if (self->poller != NULL) {
+        ot_poller_forget(self->poller);
+        ot_poller_stop(self->poller, 0, NULL); /* frees without joining */
+        self->poller = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static void device_poller_dealloc(DevicePoller *self) {
+    if (self->poller != NULL) {
+        int running;
+        Py_BEGIN_ALLOW_THREADS
+        running = ot_poller_stop(self->poller, 0, NULL);
+        Py_END_ALLOW_THREADS
+        self->poller = NULL;
+        if (running) self->orphaned = 1;
+    }
+    if (!self->orphaned) Py_CLEAR(self->ring); /* an orphaned thread's ring is leaked with it, never freed under it */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef device_poller_methods[] = {
+    {"mark", (PyCFunction)(void (*)(void))device_poller_mark, METH_FASTCALL,
+     "mark(token, which, stream) -> True queued, False: time it on the host"},
+    {"host", (PyCFunction)(void (*)(void))device_poller_host, METH_FASTCALL,
+     "host(token, which, ns) -> True queued: a marker the host timed"},
+    {"capture", (PyCFunction)device_poller_capture, METH_O, "capture(+1 or -1): a CUDA graph capture began or ended"},
+    {"stats", (PyCFunction)device_poller_stats, METH_NOARGS, "stats() -> the resolver's counts"},
+    {"close", (PyCFunction)device_poller_close, METH_O, "close(timeout_s) -> (stats, stopped)"},
+    {"forget", (PyCFunction)device_poller_forget, METH_NOARGS, "forget(): after fork, in the child"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DevicePollerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_training._native.DevicePoller",
+    .tp_basicsize = sizeof(DevicePoller),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The device resolver's thread: DevicePoller(ring, driver, poll_us, idle_us, only_loaded=True).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)device_poller_init,
+    .tp_dealloc = (destructor)device_poller_dealloc,
+    .tp_methods = device_poller_methods,
+};
+
 static PyMethodDef native_functions[] = {
     {"decode", (PyCFunction)native_decode, METH_O,
      "decode(payload) -> a fast span record as the tuple its marshal form gives; ValueError when it is not one"},
@@ -512,12 +722,13 @@ static struct PyModuleDef native_module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&RingCoreType) < 0) return NULL;
+    if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0) return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0 ||
+        PyModule_AddObjectRef(module, "DevicePoller", (PyObject *)&DevicePollerType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 2) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 3) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

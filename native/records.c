@@ -28,6 +28,7 @@ static size_t attributes_size(const ot_record *record) {
 }
 
 size_t ot_record_size(const ot_record *record) {
+    if (record->type == OT_RECORD_DEVICE) return 1 + 8 + 1 + 8;
     if (record->count > OT_MAX_ATTRIBUTES) return 0;
     size_t attributes = attributes_size(record);
     if (attributes == 0) return 0;
@@ -57,6 +58,12 @@ static uint8_t *put_str(uint8_t *out, ot_str text) {
 size_t ot_record_encode(const ot_record *record, uint8_t *out) {
     uint8_t *start = out;
     *out++ = record->type;
+    if (record->type == OT_RECORD_DEVICE) {
+        out = put_u64(out, record->span_id);
+        *out++ = record->kind;
+        out = put_u64(out, (uint64_t)record->time);
+        return (size_t)(out - start);
+    }
     if (record->type == OT_RECORD_BEGIN) {
         *out++ = record->kind, *out++ = record->flags, *out++ = record->parent_flags, *out++ = record->remote;
         out = put_u64(out, record->span_id);
@@ -149,6 +156,12 @@ int ot_record_parse(const uint8_t *data, size_t length, ot_record *record) {
         if (record->remote > 1) return -1;
     } else if (record->type == OT_RECORD_END) {
         if (take_u64(&in, &record->span_id) || take_u64(&in, &time)) return -1;
+    } else if (record->type == OT_RECORD_DEVICE) {
+        if (take_u64(&in, &record->span_id) || take_u8(&in, &record->kind) || take_u64(&in, &time) ||
+            record->kind > OT_DEVICE_WHICH_MAX)
+            return -1;
+        record->time = (int64_t)time;
+        return in.at == in.end ? 0 : -1;
     } else {
         return -1;
     }

@@ -6,6 +6,8 @@
  *   begin (0x01): kind u8, flags u8, parent_flags u8, remote u8, span_id u64, trace_id_high u64,
  *                 trace_id_low u64, parent_id u64, start i64, scope u32, name (str), attributes
  *   end   (0x02): span_id u64, end i64, attributes (the span's updates)
+ *   device (0x03): token u64 (the host step span's id), which u8 (0 begin, 1 end, 2 the resolver failed),
+ *                 time i64: a step's device work began or ended then (device.h; no attributes)
  *   str:        u32 byte length, that many bytes of UTF-8 (checked when decoded)
  *   attributes: u16 count, then each: key (str), tag u8 (1 bool, 2 int64, 3 float64, 4 str), value
  *                 (bool: u8 0 or 1; int64: 8 bytes; float64: 8 bytes; str)
@@ -19,6 +21,8 @@
 
 #define OT_RECORD_BEGIN 0x01
 #define OT_RECORD_END 0x02
+#define OT_RECORD_DEVICE 0x03
+#define OT_DEVICE_WHICH_MAX 2
 #define OT_MAX_ATTRIBUTES 64
 #define OT_MAX_RECORD (1u << 20)
 
@@ -40,8 +44,8 @@ typedef struct {
 } ot_attribute;
 
 typedef struct {
-    uint8_t type; /* OT_RECORD_BEGIN or OT_RECORD_END */
-    uint8_t kind, flags, parent_flags, remote;
+    uint8_t type; /* OT_RECORD_BEGIN, OT_RECORD_END or OT_RECORD_DEVICE */
+    uint8_t kind, flags, parent_flags, remote; /* a device record: kind is its "which" */
     uint64_t span_id, trace_id_high, trace_id_low, parent_id;
     int64_t time; /* start (begin) or end (end), ns since the epoch */
     uint32_t scope;

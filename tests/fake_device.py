@@ -80,6 +80,10 @@ class FakeDevice:
         self._put(marker)
         return marker
 
+    def enqueue(self, completes: object) -> None:
+        """Enqueue a call the stream makes when it reaches this point: a native marker's completion."""
+        self._put(completes)
+
     # -- resolver side -------------------------------------------------------------
     def completed_ns(self, marker: Marker) -> int | None:
         return marker.done_ns
@@ -107,6 +111,8 @@ class FakeDevice:
                 self.busy_s += self.kernel_s[-1]
             elif isinstance(item, threading.Event):
                 item.wait()
+            elif callable(item):  # a marker another driver records (tests/test_device_native.py): complete it
+                item()
             with self._cond:
                 self._queue.popleft()
                 if isinstance(item, Marker):

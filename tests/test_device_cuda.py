@@ -184,3 +184,52 @@ def test_a_hung_kernel_is_alerted_for_its_own_step(tmp_path: Path, item_every: s
     assert first[sc.ALERT_ELAPSED_S] <= THRESHOLD_S + 0.05
     recovered = [alert for alert in alerts if alert[sc.ALERT_KIND] == sc.ALERT_KIND_RECOVERED]
     assert [alert[sc.ALERT_SPAN_ID] for alert in recovered] == [first[sc.ALERT_SPAN_ID]]
+
+
+_FAST_PATH_LOOP = """
+import json, threading, time
+import torch
+import otel_training
+
+x = torch.randn(2048, 2048, device="cuda")
+trainer = otel_training.TrainerProcess()
+events = []
+for index in range(200):
+    with trainer.step(global_step=index):
+        begin = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(4):
+            y = x @ x
+        end.record()
+        events.append((begin, end))
+torch.cuda.synchronize()
+print(json.dumps({"threads": sorted(thread.name for thread in threading.enumerate()),
+                  "step_ms": sorted(begin.elapsed_time(end) for begin, end in events)[100]}))
+"""
+
+
+@pytest.mark.parametrize("native", ["on", "off"], ids=["c-core", "python-fallback"])
+def test_the_fast_path_times_steps_on_the_device(tmp_path: Path, native: str) -> None:
+    """Offloaded (``otel-training run``'s default) with the C core, the markers are resolved by its native thread
+    (no ``otel-training-device`` Python thread in the training process) and the drain makes the device spans;
+    with the fallback, the Python resolver does. Either way each step's device span is its CUDA work."""
+    out = tmp_path / "traces"
+    env = {**os.environ, "OTEL_TRAINING_OUTPUT_DIR": str(out), "PYTHONUNBUFFERED": "1", "OTEL_TRAINING_NATIVE": native}
+    result = subprocess.run([OTEL_TRAINING, "run", "--", sys.executable, "-c", _FAST_PATH_LOOP],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    print(json.dumps(summary))
+    assert ("otel-training-device" in summary["threads"]) == (native == "off"), summary
+    (trace,) = sorted(out.glob("traces-r*.jsonl"))
+    spans = read_spans(trace)
+    hosts = {span["span_id"] for span in spans if span["name"] == sc.SPAN_STEP}
+    devices = [span for span in spans if span["name"] == sc.SPAN_DEVICE_STEP]
+    assert sorted(span["attributes"][sc.STEP] for span in devices) == list(range(200))
+    assert all(span["parent_id"] in hosts for span in devices)
+    # The median device step is the CUDA events' median step, within 10% (the markers bracket the same work
+    # plus the step hooks' launch gaps).
+    durations = sorted((span["end"] - span["start"]) / 1e6 for span in devices)
+    assert durations[100] == pytest.approx(summary["step_ms"], rel=0.10), (durations[100], summary)
+    assert not [span for span in spans if span["name"] == sc.SPAN_ALERT]

@@ -46,6 +46,9 @@ ANCHOR_WAIT_S = 0.002
 ANCHOR_MAX_BRACKET_S = 0.0002
 _capture_lock = threading.Lock()
 _captures = [0]  # graph captures in progress, in any thread
+#: Told of each capture's begin (+1) and end (-1), under the lock: the native resolver (``device_native.py``),
+#: whose thread must not query either while a graph is captured.
+capture_listeners: list[Any] = []
 
 
 class CudaDevice:
@@ -78,6 +81,10 @@ class CudaDevice:
         self._anchor: tuple[Any, int] | None = None
         self._anchored_at = float("-inf")
         self._polled_ns: dict[int, int] = {}  # id(marker) -> wall clock of its last incomplete query
+        torch_c = getattr(sys.modules.get("torch"), "_C", None)
+        #: torch's raw current-stream handle (torch >= 1.10), for the native resolver: no Stream object is made.
+        self._raw_stream = getattr(torch_c, "_cuda_getCurrentRawStream", None) or (
+            lambda index: cuda.current_stream(index).cuda_stream)
         _guard_graph_capture(cuda)
 
     @classmethod
@@ -107,6 +114,14 @@ class CudaDevice:
             event = self._new_event()
         event.record(stream)
         return event
+
+    def raw_stream(self) -> int | None:
+        """The current stream's driver handle, for the native resolver (``device_native.py``) to record a marker
+        on from C; None where this step is timed on the host (a capture anywhere, another device current)."""
+        cuda = self._cuda
+        if _captures[0] or cuda.current_device() != self.index:
+            return None
+        return int(self._raw_stream(self.index))
 
     # -- the resolver thread -------------------------------------------------
     def completed_ns(self, event: Any) -> int | None:
@@ -191,6 +206,8 @@ def _guard(graph: type) -> None:
         def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _capture_lock:
                 _captures[0] += 1
+                for listener in capture_listeners:
+                    listener(1)
             _CAPTURING.add(id(self))
             try:
                 return begin(self, *args, **kwargs)
@@ -226,3 +243,5 @@ def _uncount(graph: Any) -> None:
         if id(graph) in _CAPTURING:
             _CAPTURING.discard(id(graph))
             _captures[0] = max(0, _captures[0] - 1)
+            for listener in capture_listeners:
+                listener(-1)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from otel_training._contain import log_once
 from otel_training.events.device import Device, DeviceTimeline
+from otel_training.events.device_native import NativeDevice, NativeDeviceTimeline
 
 if TYPE_CHECKING:
     from otel_training.events.runtime import EventsRuntime
@@ -35,7 +36,7 @@ def may_probe() -> bool:
     return _factory is not None or "torch" in sys.modules
 
 
-def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
+def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | None:
     """The runtime's timeline, creating it once a device is in use; None while there is none.
 
     Cheap while torch is not imported or has not initialised CUDA (a dict lookup and one call),
@@ -60,7 +61,13 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | None:
         return None
     if device is None:
         return None
-    timeline = DeviceTimeline(device, runtime)
+    timeline: DeviceTimeline | NativeDeviceTimeline
+    recorder = runtime.telemetry.device_recorder(device.label, device.name) if isinstance(device, NativeDevice) \
+        else None
+    if recorder is not None:  # offloaded with the C core: no Python thread resolves markers here
+        timeline = NativeDeviceTimeline(device, recorder, runtime)
+    else:
+        timeline = DeviceTimeline(device, runtime)
     runtime.device = timeline
     return timeline
 

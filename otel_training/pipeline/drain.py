@@ -48,7 +48,8 @@ from otel_training.pipeline.plugins import install_plugins
 from otel_training.processors.stuck import parse_span_names
 from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline.record_check import check_record
-from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
+from otel_training.pipeline.device_steps import DeviceSteps
+from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS
 from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 
@@ -135,12 +136,19 @@ class Replayer:
         self.closed = False
         #: Records that did not decode as a record of their kind (``check_record``).
         self.bad = 0
+        #: The device spans of a training process whose markers a native thread resolves (``device_steps.py``).
+        self.device_steps = DeviceSteps(telemetry.tracer, self._device_threshold_s)
+
+    def _device_threshold_s(self) -> float | None:
+        stuck = self.telemetry.stuck
+        threshold = stuck.threshold_for(sc.SPAN_DEVICE_STEP) if stuck is not None else None
+        return None if threshold is None else threshold.seconds
 
     def apply_all(self, payloads: list[bytes]) -> None:
         decode_fast = self.decode_fast
         for payload in payloads:
-            try:  # a fast record's first byte is its type, 1 or 2, which no marshal record starts with
-                record = decode_fast(payload) if decode_fast is not None and payload[0] < 3 else marshal.loads(payload)
+            try:  # a fast record's first byte is its type, 1 to 3, which no marshal record starts with
+                record = decode_fast(payload) if decode_fast is not None and payload[0] < 4 else marshal.loads(payload)
             except Exception:  # noqa: BLE001 - the decoders refuse damaged bytes with several types
                 record = None
             problem = check_record(record)
@@ -176,6 +184,10 @@ class Replayer:
             self.closed = True
         elif kind == STACKS:
             self.on_stacks(record[1], record[2])
+        elif kind == DEVICE:
+            self.device_steps.device(record[1], record[2], record[3])
+        elif kind == DEVICE_INFO:
+            self.device_steps.info(record[1], record[2])
 
     def _begin(self, record: tuple[Any, ...]) -> None:
         (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state, flags,
@@ -192,6 +204,8 @@ class Replayer:
         tracer = self.tracers.get(scope) or self.telemetry.tracer
         span = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)
         self.open[span_id] = span  # type: ignore[assignment]
+        epoch = (parent.attributes or {}).get(sc.EPOCH) if parent is not None else None
+        self.device_steps.host_began(span_id, span, epoch)  # type: ignore[arg-type]
 
     def _end(self, record: tuple[Any, ...]) -> None:
         span = self.open.pop(record[1], None)
@@ -210,6 +224,7 @@ class Replayer:
                 span.update_name(name)
             for link in _links(links) or ():
                 span.add_link(link.context, link.attributes)
+        self.device_steps.host_ended(record[1], span, record[2])
         span.end(record[2])
         self.replayed += 1
 
@@ -254,6 +269,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     while not replayer.closed:
         records = ring.read()
         replayer.apply_all(records)
+        replayer.device_steps.tick(time.time_ns())
         if ring.corrupt:
             log_once("ring-corrupt", "otel_training: the offload ring held bytes that were not records (damaged "
                      "shared memory); they were skipped and the spans in them are lost")
@@ -266,6 +282,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
                 replayer.apply_all(ring.read(1 << 62))
                 break
             time.sleep(POLL_S)
+    replayer.device_steps.abandon("the device work of this step had not completed when the training process "
+                                  "closed its pipeline" if replayer.closed else "the training process ended")
     if watchdog and replayer.open and not replayer.closed:
         report_death(telemetry, replayer.open, parent)
     lost = len(replayer.open)

@@ -36,10 +36,12 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._native_loader import native
 from otel_training._native_loader import problem as native_problem
-from otel_training._ring import DRAIN_FIELDS, Ring, supported
+from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
+from otel_training.pipeline.device_records import DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider
@@ -74,6 +76,7 @@ class OffloadTelemetry(Telemetry):
         self._drain_gone = False
         self._flush_token = 0
         self._flush_lock = threading.Lock()
+        self._recorders: list[DeviceRecorder] = []
         super().__init__(options, environ, **kwargs)
         if self.disabled:
             return  # nothing is recorded: the SDK's provider, with no exporter, stays
@@ -94,6 +97,25 @@ class OffloadTelemetry(Telemetry):
 
             self.stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
         _instances.add(self)
+
+    def device_recorder(self, label: str, name: str) -> DeviceRecorder | None:
+        """The native device resolver (``device_records.py``) once the drain reads its records: the C core, a
+        drain that has said it reads fast records. None otherwise: the Python timeline then times the steps."""
+        ring = self._ring
+        if ring is None or not ring.native or ring.closed or not ring.get(DRAIN_FIELDS["caps"]) & CAP_FAST_RECORDS:
+            return None
+        recorder = start_recorder(native(self.options["native"]), ring.fast_records(), label, name, ring.write)
+        if recorder is not None:
+            self._recorders.append(recorder)
+        return recorder
+
+    def device_stats(self) -> dict[str, int]:
+        """The native device resolvers' counts (``DeviceRecorder.stats``), summed; zeros without one."""
+        total = dict.fromkeys(("marked", "resolved", "dropped", "refused", "failed", "pending"), 0)
+        for recorder in self._recorders:
+            for key, value in recorder.stats().items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
         """None: the drain exports. The trace directory is still checked here, before training."""
@@ -237,7 +259,8 @@ class OffloadTelemetry(Telemetry):
         # twice, and only for a record too damaged to tell its kind).
         orphans, bad = get(drain["orphans"]), get(drain["bad"])
         lost = ring.dropped_ends + self.tracer_provider.ring_drops + orphans  # type: ignore[attr-defined]
-        dropped = lost + get(drain["dropped"]) + get(drain["lost"]) + bad
+        # A device record the full ring refused leaves its step's device span unstarted or unended: counted too.
+        dropped = lost + get(drain["dropped"]) + get(drain["lost"]) + bad + self.device_stats()["dropped"]
         unread = max(0, ring.ends_written - get(drain["replayed"]) - orphans - bad)
         if self._drain_gone and get(drain["done"]) != 1:
             return get(drain["exported"]), dropped + unread + get(drain["pending"]), 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_training.pipeline.records import BEGIN, CLOSE, END, FLUSH, SCOPE, STACKS
+from otel_training.pipeline.records import (BEGIN, CLOSE, DEVICE, DEVICE_FAILED, DEVICE_INFO, END, FLUSH, SCOPE,
+                                           STACKS)
 
 _U64, _U128 = 1 << 64, 1 << 128
 _SPAN_KINDS = range(5)  # SpanKind's values
@@ -114,4 +115,11 @@ def check_record(record: Any) -> str | None:
     if kind == STACKS and type(kind) is int:
         good = len(record) == 3 and _int(record[1], 1, 1 << 63) and type(record[2]) is str
         return None if good else "a stacks record"
+    if kind == DEVICE and type(kind) is int:
+        good = (len(record) == 4 and _int(record[1], 0, _U64) and _int(record[2], 0, DEVICE_FAILED + 1)
+                and _int(record[3], 0, 1 << 63))
+        return None if good else "a device record"
+    if kind == DEVICE_INFO and type(kind) is int:
+        good = len(record) == 3 and type(record[1]) is str and type(record[2]) is str
+        return None if good else "a device info record"
     return "a record of no known kind"

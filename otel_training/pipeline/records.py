@@ -20,6 +20,11 @@ from otel_training._contain import log_once
 BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
 #: The training process's answer to the drain's request for its threads' stacks (``stacks.py``).
 STACKS = 6
+#: A step's device work began or ended: ``(DEVICE, token, which, ns)``, written by the C core's device resolver
+#: thread (``native/device.h``; ``which``: ``DEVICE_BEGIN``, ``DEVICE_END`` or ``DEVICE_FAILED``), and the
+#: device those steps run on: ``(DEVICE_INFO, label, name)`` (``device_records.py``, ``device_steps.py``).
+DEVICE, DEVICE_INFO = 7, 8
+DEVICE_BEGIN, DEVICE_END, DEVICE_FAILED = 0, 1, 2
 _EXACT = (str, bool, int, float, bytes, type(None))
 
 #: ``emit(payload, begin)``: write one record (``begin`` None: a control record); False when it was dropped.

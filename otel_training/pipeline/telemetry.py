@@ -37,6 +37,7 @@ from otel_training.config.options import ConfigError
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
 from otel_training.pipeline.exporters import metric_exporter, span_exporter
+from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
@@ -252,6 +253,11 @@ class Telemetry:
         stuck = sys.modules.get("otel_training.processors.stuck")  # not loaded: it cannot be a detector
         if stuck is not None and isinstance(processor, stuck.StuckSpanProcessor):
             self._detectors.append(processor)
+
+    def device_recorder(self, label: str, name: str) -> DeviceRecorder | None:
+        """Where a device's step markers go to be resolved natively (``device_records.py``): the offloaded
+        pipeline's, with the C core. None here: the device timeline's Python resolver makes the device spans."""
+        return None
 
     def on_shutdown(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
