@@ -198,6 +198,18 @@ static int resolve(ot_poller *p) {
     return failed ? -1 : progressed;
 }
 
+/* The pooled events and those of markers never resolved (destroying a pending event is allowed: the driver
+ * releases it once the device reaches it). Not while a graph is captured: they are leaked then. */
+static void release_events(ot_poller *p) {
+    if (p->captures) return;
+    for (uint32_t index = 0; index < p->pooled; index++) p->cuda.event_destroy(p->pool[index]);
+    p->pooled = 0;
+    for (; p->head != p->tail; p->head++) {
+        void *event = p->queue[p->head % QUEUE_SIZE].event;
+        if (event != NULL) p->cuda.event_destroy(event);
+    }
+}
+
 static void *run(void *argument) {
     ot_poller *p = argument;
     int ok = p->cuda.ctx_set_current(p->context) == 0;
@@ -246,6 +258,7 @@ static void *run(void *argument) {
     int orphaned = p->orphaned;
     pthread_mutex_unlock(&p->lock);
     if (orphaned) { /* stop() gave up waiting: the poller is this thread's to free */
+        release_events(p);
         pthread_mutex_destroy(&p->lock);
         pthread_mutex_destroy(&p->cuda_lock);
         pthread_cond_destroy(&p->wake);
@@ -360,7 +373,7 @@ void ot_poller_stats_get(ot_poller *p, ot_poller_stats *stats) {
 }
 
 static void free_joined(ot_poller *p) {
-    for (uint32_t index = 0; index < p->pooled; index++) p->cuda.event_destroy(p->pool[index]);
+    release_events(p);
     pthread_mutex_destroy(&p->lock);
     pthread_mutex_destroy(&p->cuda_lock);
     pthread_cond_destroy(&p->wake);

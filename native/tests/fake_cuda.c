@@ -3,7 +3,7 @@
  * device.c loads, with the driver's semantics where the resolver depends on them: events complete in the
  * order they were recorded on a stream, only when the test says so (fake_complete), at the wall-clock time
  * of that call; an event recorded on a stream the "driver" created (the resolver's side stream) completes at
- * once; a stream may be said to capture; a query may be made to fail. Thread-safe: the training thread records,
+ * once; a stream may be said to capture; a query may be made to fail, or to hang until released. Thread-safe: the training thread records,
  * the resolver's thread queries. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -18,8 +18,9 @@ typedef struct fake_event {
 } fake_event;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t unblocked = PTHREAD_COND_INITIALIZER;
 static int context_value;
-static int no_context, capturing, fail_queries, created_streams;
+static int no_context, capturing, fail_queries, block_queries, created_streams;
 static uint64_t recorded_order, completed_order, queries, events_live;
 static void *side_streams[16];
 #define REGISTRY 65536u
@@ -88,6 +89,7 @@ int cuEventRecord(void *event, void *stream) {
 int cuEventQuery(void *event) {
     fake_event *queried = event;
     pthread_mutex_lock(&lock);
+    while (block_queries) pthread_cond_wait(&unblocked, &lock); /* a hung device: the call does not return */
     queries++;
     int result;
     if (fail_queries) result = 999; /* CUDA_ERROR_UNKNOWN */
@@ -157,6 +159,10 @@ void fake_set(int which, int value) {
     if (which == 0) no_context = value;
     else if (which == 1) capturing = value;
     else if (which == 2) fail_queries = value;
+    else if (which == 3) {
+        block_queries = value;
+        pthread_cond_broadcast(&unblocked);
+    }
     pthread_mutex_unlock(&lock);
 }
 

@@ -48,6 +48,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training.pipeline.device_steps import RATE_KEYS, between_steps_attributes, device_step_attributes
 
 if TYPE_CHECKING:
     from otel_training.events.runtime import EventsRuntime
@@ -214,24 +215,9 @@ class DeviceTimeline:
         # The device cannot start a step before the host launched it, nor before its previous step
         # ended; clamping keeps a calibration error of microseconds from reordering them.
         begun_ns = max(begun_ns, _start_time(host), self._last_end_ns or 0)
-        host_attributes = host.attributes or {}
-        attributes: dict[str, Any] = {
-            sc.EVENT_TARGET: host_attributes.get(sc.EVENT_TARGET, sc.TARGET_TRAINER),
-            sc.EVENT_NAME: "#device_step",
-            sc.DEVICE: self.device.label,
-            sc.DEVICE_NAME: self.device.name,
-            sc.THREAD_ID: step.thread_id,
-            sc.STEP_LAUNCHED: False,
-        }
-        for key in (sc.STEP, sc.INSTRUMENTATION_SOURCE):
-            if key in host_attributes:
-                attributes[key] = host_attributes[key]
-        if step.epoch is not None:
-            attributes[sc.EPOCH] = step.epoch
-        if self._last_end_ns is not None:
-            attributes[sc.DEVICE_IDLE_BEFORE_S] = (begun_ns - self._last_end_ns) / 1e9
-        if self._last_step is not None:
-            attributes[sc.DEVICE_LAST_COMPLETED_STEP] = self._last_step
+        idle = (begun_ns - self._last_end_ns) / 1e9 if self._last_end_ns is not None else None
+        attributes = device_step_attributes(host.attributes, self.device.label, self.device.name, step.thread_id,
+                                            step.epoch, idle, self._last_step)
         context = trace_api.set_span_in_context(host)
         # Its trace was charged for it on the training thread (StepDuration).
         step.span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=context, attributes=attributes,
@@ -243,7 +229,7 @@ class DeviceTimeline:
         ended_ns = max(ended_ns, _start_time(span))
         host_attributes = step.host.attributes or {}
         # What the step processed, for the per-second rates of the step time that is now this one.
-        span.set_attributes({key: host_attributes[key] for key in _RATE_KEYS if key in host_attributes})
+        span.set_attributes({key: host_attributes[key] for key in RATE_KEYS if key in host_attributes})
         span.end(end_time=ended_ns)
         for marker in (step.begin, step.end):
             if marker is not _UNRECORDED:
@@ -279,19 +265,8 @@ class DeviceTimeline:
         if threshold is None or now_ns - since <= threshold * 1e9:
             return
         host = about.host
-        host_attributes = host.attributes or {}
-        attributes: dict[str, Any] = {
-            sc.EVENT_TARGET: host_attributes.get(sc.EVENT_TARGET, sc.TARGET_TRAINER),
-            sc.EVENT_NAME: "#between_steps",
-            sc.DEVICE: self.device.label,
-            sc.THREAD_ID: about.thread_id,
-        }
-        if step_before is not None:
-            attributes[sc.STEP] = step_before
-        if self._last_step is not None:
-            attributes[sc.DEVICE_LAST_COMPLETED_STEP] = self._last_step
-        if about.epoch is not None:
-            attributes[sc.EPOCH] = about.epoch
+        attributes = between_steps_attributes(host.attributes, self.device.label, about.thread_id, step_before,
+                                              self._last_step, about.epoch)
         parent = host.parent
         context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         self._gap = self._tracer.start_span(sc.SPAN_BETWEEN_STEPS, context=context, attributes=attributes,
@@ -357,10 +332,6 @@ class DeviceTimeline:
         self.failed = True
         self._pending.clear()
         self._gap = None
-
-
-#: Host step attributes copied onto its device step: the per-second rates use the device time.
-_RATE_KEYS = (sc.TOKENS, sc.SAMPLES, sc.BATCH_SIZE)
 
 
 def _start_time(span: Any) -> int:
