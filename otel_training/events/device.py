@@ -278,13 +278,7 @@ class DeviceTimeline:
             self._gap = None
 
     def _step_threshold_s(self) -> float | None:
-        telemetry = self._runtime.telemetry
-        # Offloaded, the detector is the drain's: the pipeline gives the thresholds its options set.
-        stuck = getattr(telemetry, "stuck_thresholds", None) or getattr(telemetry, "stuck", None)
-        if stuck is None:
-            return None
-        threshold = stuck.threshold_for(sc.SPAN_DEVICE_STEP)
-        return None if threshold is None else threshold.seconds
+        return self._runtime.telemetry.stuck_threshold_s(sc.SPAN_DEVICE_STEP)
 
     # -- lifecycle ----------------------------------------------------------------
     def close(self, timeout_s: float | None = None) -> None:
@@ -294,10 +288,7 @@ class DeviceTimeline:
         has only the few steps the host ran ahead of the device left at exit.
         """
         if timeout_s is None:
-            timeout_s = 0.25 * float(self._runtime.telemetry.options.get("exit_timeout_s", 2.0))
-            shutdown_deadline = getattr(self._runtime.telemetry, "shutdown_deadline", None)
-            if shutdown_deadline is not None:  # within the budget the shutdown in progress was given
-                timeout_s = min(timeout_s, 0.25 * max(0.0, shutdown_deadline - time.monotonic()))
+            timeout_s = self._runtime.telemetry.shutdown_share_s(0.25)
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         if self._thread is not threading.current_thread():

@@ -82,7 +82,7 @@ class NativeDeviceTimeline:
     def close(self, timeout_s: float | None = None) -> None:
         """Resolve what the device finishes in time (a quarter of ``exit_timeout_s``, as in-process)."""
         if timeout_s is None:
-            timeout_s = 0.25 * float(self._runtime.telemetry.options.get("exit_timeout_s", 2.0))
+            timeout_s = self._runtime.telemetry.shutdown_share_s(0.25)
         try:
             _cuda.capture_listeners.remove(self.recorder.capture)
         except ValueError:

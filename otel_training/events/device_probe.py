@@ -62,8 +62,10 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | Non
     if device is None:
         return None
     timeline: DeviceTimeline | NativeDeviceTimeline
-    recorder = runtime.telemetry.device_recorder(device.label, device.name) if isinstance(device, NativeDevice) \
-        else None
+    # The native resolver's records reach the drain, which makes device spans for the host steps it replays:
+    # only for steps recorded by the pipeline's own tracer (not an instrumentor given another provider).
+    native = isinstance(device, NativeDevice) and runtime.tracer is runtime.telemetry.tracer
+    recorder = runtime.telemetry.device_recorder(device.label, device.name) if native else None
     if recorder is not None:  # offloaded with the C core: no Python thread resolves markers here
         timeline = NativeDeviceTimeline(device, recorder, runtime)
     else:

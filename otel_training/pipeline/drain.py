@@ -137,12 +137,8 @@ class Replayer:
         #: Records that did not decode as a record of their kind (``check_record``).
         self.bad = 0
         #: The device spans of a training process whose markers a native thread resolves (``device_steps.py``).
-        self.device_steps = DeviceSteps(telemetry.tracer, self._device_threshold_s)
-
-    def _device_threshold_s(self) -> float | None:
-        stuck = self.telemetry.stuck
-        threshold = stuck.threshold_for(sc.SPAN_DEVICE_STEP) if stuck is not None else None
-        return None if threshold is None else threshold.seconds
+        self.device_steps = DeviceSteps(telemetry.tracer,
+                                        lambda: telemetry.stuck_threshold_s(sc.SPAN_DEVICE_STEP))
 
     def apply_all(self, payloads: list[bytes]) -> None:
         decode_fast = self.decode_fast

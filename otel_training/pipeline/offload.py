@@ -91,12 +91,19 @@ class OffloadTelemetry(Telemetry):
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
         #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
         #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).
-        self.stuck_thresholds: Any = None
+        self._stuck_thresholds: Any = None
         if options["stuck_threshold_s"] is not None or options["stuck_adaptive"]:
             from otel_training.processors.stuck import StuckSpanProcessor
 
-            self.stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
+            self._stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
         _instances.add(self)
+
+    def stuck_threshold_s(self, span_name: str) -> float | None:
+        """The thresholds the options set (the detector runs in the drain; adaptive ones are learned there, so
+        here they stay at their start)."""
+        stuck = self._stuck_thresholds
+        threshold = stuck.threshold_for(span_name) if stuck is not None else None
+        return None if threshold is None else threshold.seconds
 
     def device_recorder(self, label: str, name: str) -> DeviceRecorder | None:
         """The native device resolver (``device_records.py``) once the drain reads its records: the C core, a

@@ -254,6 +254,20 @@ class Telemetry:
         if stuck is not None and isinstance(processor, stuck.StuckSpanProcessor):
             self._detectors.append(processor)
 
+    def shutdown_share_s(self, share: float) -> float:
+        """``share`` of ``exit_timeout_s``, and of what is left of the shutdown in progress, if one is: what a
+        shutdown callback that waits (the device timelines resolving the steps the host ran ahead) may take."""
+        budget = share * float(self.options.get("exit_timeout_s", 2.0))
+        if self.shutdown_deadline is not None:
+            budget = min(budget, share * max(0.0, self.shutdown_deadline - time.monotonic()))
+        return budget
+
+    def stuck_threshold_s(self, span_name: str) -> float | None:
+        """The stuck threshold a span named ``span_name`` gets now, None when it is not watched: what the device
+        timeline alerts the time between steps by (a ``training.between_steps`` span past the step's threshold)."""
+        threshold = self.stuck.threshold_for(span_name) if self.stuck is not None else None
+        return None if threshold is None else threshold.seconds
+
     def device_recorder(self, label: str, name: str) -> DeviceRecorder | None:
         """Where a device's step markers go to be resolved natively (``device_records.py``): the offloaded
         pipeline's, with the C core. None here: the device timeline's Python resolver makes the device spans."""
