@@ -125,23 +125,26 @@ def test_only_the_watched_names_are_watched_each_with_its_rule(detector) -> None
     other.end()
 
 
-def test_replayed_spans_are_timed_from_their_own_start_not_from_when_they_arrive(detector) -> None:
-    # The offload drain replays a step some time after it began: the threshold counts from its start.
-    d = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+def test_spans_that_began_before_they_arrived_are_timed_from_their_own_start(detector) -> None:
+    # The offload drain replays a step some time after it began (a backdated span is the same): the threshold
+    # counts from its start, whoever runs the detector; a span started now is timed from now.
+    d = detector(threshold_s=30, first_threshold_s=30)
     late = d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3}, start_time=time.time_ns() - 20 * 10**9)
     d.clock.now += 9.5
     assert d.processor.tick() == 0
     d.clock.now += 1.0  # 30.5 s after the step began, 10.5 s after it arrived
     assert d.processor.tick() == 1
     late.end()
-    on_time = detector(threshold_s=30, first_threshold_s=30)  # not replayed: from when on_start ran
-    on_time.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3}, start_time=time.time_ns() - 20 * 10**9)
-    on_time.clock.now += 10.5
+    on_time = detector(threshold_s=30, first_threshold_s=30)
+    on_time.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 3})
+    on_time.clock.now += 29.5
     assert on_time.processor.tick() == 0
+    on_time.clock.now += 1.0
+    assert on_time.processor.tick() == 1
 
 
-def test_a_replayed_span_that_was_stuck_but_arrived_ended_still_gets_its_alert_and_recovery(detector) -> None:
-    d = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+def test_a_span_that_was_stuck_but_arrived_ended_still_gets_its_alert_and_recovery(detector) -> None:
+    d = detector(threshold_s=30, first_threshold_s=30)
     begun = time.time_ns() - 45 * 10**9
     d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 9}, start_time=begun).end(end_time=begun + 40 * 10**9)
     d.processor.tick()  # callbacks run where the scans run
@@ -149,7 +152,7 @@ def test_a_replayed_span_that_was_stuck_but_arrived_ended_still_gets_its_alert_a
     assert kinds == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
     assert d.alerts()[0].attributes[sc.ALERT_ELAPSED_S] == pytest.approx(40.0)
     assert [event.kind for event in d.events] == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]
-    quick = detector(threshold_s=30, first_threshold_s=30, replayed=True)
+    quick = detector(threshold_s=30, first_threshold_s=30)
     quick.tracer.start_span(sc.SPAN_STEP, start_time=begun).end(end_time=begun + 29 * 10**9)
     quick.processor.tick()
     assert quick.alerts() == [] and quick.events == []

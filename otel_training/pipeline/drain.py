@@ -228,7 +228,6 @@ class Replayer:
 class DrainTelemetry(Telemetry):
     """The pipeline in the drain: the training process's counters stay the training process's to report."""
 
-    REPLAYS = True
     METRICS_SUFFIX = ".drain.jsonl"  # the training process writes metrics-r<rank>.jsonl
 
     def _register_counters(self) -> None:
@@ -253,7 +252,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     watchdog = bool(hello.get("watchdog"))  # the sidecar's work is this drain's (responder.py)
     requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0,
                          py_spy=watchdog) if hello.get("requests_fd") is not None else None)
-    install_plugins(telemetry, requests)
+    install_plugins(telemetry, requests, spans_of_this_process=False)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
                         requests.deliver if requests is not None else lambda request_id, stacks: None)

@@ -12,11 +12,12 @@ from otel_training.processors.stuck_actions import RemoteProcess
 from otel_training.pipeline.telemetry import Telemetry
 
 
-def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None) -> None:
+def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *, spans_of_this_process: bool = True) -> None:
     """Processors and helpers that options turn on, each in its own module.
 
-    ``remote``: the process whose spans these are, when it is another one (the drain's training process,
-    ``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it.
+    ``spans_of_this_process`` False: the spans are another process's (the offload drain's training process),
+    so this process's stacks say nothing of them; ``remote`` is then that process, when it can be asked
+    (``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it.
     """
     # The DLRover-format event log (issue 2).
     if telemetry.options["dlrover_log"]:
@@ -42,8 +43,8 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None) -
         telemetry.stuck = StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: end_spans_before_stuck_exit(telemetry),
-            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=not telemetry.REPLAYS,
-            remote=remote, replayed=telemetry.REPLAYS)
+            exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=spans_of_this_process,
+            remote=remote)
         telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.

@@ -121,9 +121,6 @@ def default_exporter(environ: Mapping[str, str]) -> str:
 class Telemetry:
     """The handle ``configure()`` returns: providers, tracer, meter, and bounded flush/shutdown."""
 
-    #: Its spans are another process's, replayed after they began (the offload drain): a stuck detector
-    #: times them from their own start, and attaches no stacks (its threads are not the ones stuck).
-    REPLAYS = False
     METRICS_SUFFIX = ".jsonl"  #: of its metrics file, metrics-r<rank><suffix> (the offload drain's is its own)
 
     def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,

@@ -122,7 +122,6 @@ class StuckSpanProcessor(SpanProcessor):
         exit_flush_timeout_s: float = 2.0,
         stacks: bool = True,
         remote: RemoteProcess | None = None,
-        replayed: bool = False,
         tracer_provider: TracerProvider | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
         slot: Slot | None = None,
@@ -144,8 +143,6 @@ class StuckSpanProcessor(SpanProcessor):
         self._stacks = stacks
         #: The process whose spans these are, when it is another one: its stacks, and where actions go.
         self._remote = remote
-        #: Spans reach it after they began (replayed by the offload drain): each is timed from its own start.
-        self._replayed = replayed
         self._sink = AlertSink(tracer_provider, meter_provider, action)
         self._actions = StuckActions(action, exit_code, signal, flush, before_exit, exit_flush_timeout_s,
                                      lambda: self._sink.flush_target, remote)
@@ -212,15 +209,19 @@ class StuckSpanProcessor(SpanProcessor):
                 parent_context = get_current_context()
             now = self._clock()
             entry = _Watched(span, learner, threshold, now, threading.get_ident(), parent_context)
-            if self._replayed or span.name in _AFTER_THE_FACT:
-                # Started by the device timeline once the device began the step (or once the gap was
-                # long): watched from its own start time, with the training thread's stack first.
+            late_s = (time.time_ns() - span.start_time) / 1e9 if span.start_time else 0.0
+            if late_s > _LATE_S or span.name in _AFTER_THE_FACT:
+                # Begun before it reached us: started by the device timeline once the device began the step
+                # (or once the gap was long), replayed by the offload drain, recorded with its measured start.
+                # Watched from its own start time, and judged by its own times when it ends.
                 entry.after_the_fact = True
-                entry.start = now - max(0.0, (time.time_ns() - (span.start_time or 0)) / 1e9)
+                entry.start = now - max(0.0, late_s)
                 entry.deadline = entry.start + threshold.seconds
-                thread_id = attributes.get(sc.THREAD_ID) if attributes else None
-                if isinstance(thread_id, int) or self._replayed:  # a replaying thread's id is not the stuck one
-                    entry.thread_id = thread_id if isinstance(thread_id, int) else 0
+            thread_id = attributes.get(sc.THREAD_ID) if attributes else None
+            if isinstance(thread_id, int):  # the thread it runs on, when another one started it
+                entry.thread_id = thread_id
+            elif self._remote is not None:  # another process's span: this thread's id is not its thread's
+                entry.thread_id = 0
             self._open[span.context.span_id] = entry
             if self._thread is None and self._use_watcher:
                 self._start_watcher()
@@ -244,9 +245,10 @@ class StuckSpanProcessor(SpanProcessor):
             if self._slot is not None:
                 with self._slot_lock:
                     self._slot.end(span.context.span_id)  # type: ignore[union-attr]
-            if self._replayed and not entry.count and elapsed >= entry.threshold.seconds:
-                # Replayed too late to be caught open (the drain starting, or behind): it was stuck all
-                # the same, so it gets its alert now, and its recovery below.
+            if entry.after_the_fact and not entry.count and elapsed >= entry.threshold.seconds:
+                # Reached us too late to be caught open (the drain starting, or behind; a device step that
+                # ended between two scans): it was stuck all the same, so it gets its alert now, and its
+                # recovery below.
                 entry.count = 1
                 self._to_deliver.append(self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context,
                                                        entry.threshold, 1, elapsed, None))
@@ -381,6 +383,9 @@ class StuckSpanProcessor(SpanProcessor):
 
 #: Spans the device timeline starts after the fact, backdated (events/device.py).
 _AFTER_THE_FACT = frozenset({sc.SPAN_DEVICE_STEP, sc.SPAN_BETWEEN_STEPS})
+#: A span that began longer ago than this when it reached the detector is timed from its own start (a replayed
+#: or backdated span); a span started now reaches it within microseconds.
+_LATE_S = 0.05
 _instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
 
 
