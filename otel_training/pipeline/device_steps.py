@@ -122,7 +122,8 @@ class DeviceSteps:
             if (span.attributes or {}).get(sc.STEP_DEVICE_TIMED) and not self.failed:
                 self._end_gap(_start_time(span))  # the next step began: the host is back in a step
                 self._steps[span_id] = self._newest = _Step(span, epoch)
-            elif self._steps:  # the training process stopped timing on the device: what waits never comes
+            elif not self.failed:  # the training process stopped timing on the device: what waits never comes
+                self.failed = True
                 self.abandon("the device timeline stopped before this step completed on the device",
                              _start_time(span))
         elif name == sc.SPAN_TRAIN:
@@ -154,6 +155,17 @@ class DeviceSteps:
             if next(iter(self._steps)) == token:
                 self._start(step)
             return
+        # The device runs steps in order: one begun before this one whose end never came lost its record (a
+        # full ring). It can end no later than this one did; said so rather than left open for good.
+        while True:
+            oldest_token, oldest = next(iter(self._steps.items()))
+            if oldest_token == token:
+                break
+            del self._steps[oldest_token]
+            if oldest.span is not None:
+                oldest.span.set_status(Status(StatusCode.ERROR, "this step's device end was not recorded (its "
+                                              "record did not fit in the offload ring)"))
+                oldest.span.end(end_time=max(step.begun_ns or ns, _start_time(oldest.span)))
         if step.span is None:
             if step.begun_ns is None:
                 step.begun_ns = ns
@@ -194,7 +206,7 @@ class DeviceSteps:
     # -- the time between steps --------------------------------------------------------------------------
     def tick(self, now_ns: int) -> None:
         """Nothing in a step on the device for longer than the step threshold, with no device step open."""
-        if not self.active or self._gap is not None or self._host_work > 0 or self._training is False:
+        if not self.active or self.failed or self._gap is not None or self._host_work > 0 or self._training is False:
             return
         steps = self._steps
         if steps:
