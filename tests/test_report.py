@@ -340,6 +340,27 @@ def test_demo_ends_with_the_report_summary_and_html_path(tmp_path: Path) -> None
     assert html.read_text().startswith("<!DOCTYPE html>")
 
 
+def test_scripts_demo_charges_the_demo_its_own_start_up_not_the_set_up_before_it(tmp_path: Path) -> None:
+    """scripts/demo sets up the virtualenv, then runs the demo: the report's program start-up is the demo
+    process's, from its own creation, not the set-up's (which a fresh clone spends ~20 s in). The real script,
+    with a set-up that takes 3 s standing in for scripts/setup."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "demo").write_text((repo / "scripts" / "demo").read_text())
+    (tmp_path / "scripts" / "setup").write_text("sleep 3\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "otel-training").symlink_to(Path(sys.executable).parent / "otel-training")
+    completed = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "demo"), "--output-dir", str(tmp_path / "traces"), "--epochs", "1",
+         "--steps", "6", "--step-time", "0.005", "--no-stuck"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = build_report(read_paths([tmp_path / "traces"]).records)
+    startup = report.goodput.seconds.get(sc.BADPUT_PROGRAM_STARTUP, 0.0)
+    assert 0 < startup < 3.0, completed.stdout
+
+
 def _damaged_line(name: str, start_ns: int, end_ns: int, *, span_id: str = "00000000000000d1",
                   resource: list[dict[str, Any]] | None = None) -> str:
     """An OTLP request of one span, with whatever timestamps and resource it is given."""
@@ -449,3 +470,29 @@ def test_a_file_gone_between_listing_and_reading_is_a_problem(tmp_path: Path, mo
     result = read_paths([tmp_path / "traces"])
     assert any(str(problem).startswith(f"{r1}: cannot open") for problem in result.problems)
     assert {record.run.rank for record in result.records} == {0}
+
+
+def test_the_summary_gives_the_loops_goodput_beside_the_jobs_and_a_spread_one_stuck_step_cannot_move(
+        tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    result = read_paths([tmp_path / "traces"])
+    report = build_report(result.records, result.problems)
+    out = render_summary(report)
+    loop = report.goodput.training_goodput
+    startup = report.goodput.seconds.get(sc.BADPUT_PROGRAM_STARTUP, 0.0) + report.goodput.seconds.get(
+        sc.BADPUT_COMPILATION, 0.0)
+    assert loop is not None and startup > 0 and loop > report.goodput.goodput  # start-up is the job's, not the loop's
+    assert f"training loop goodput: {loop:.1%} (the job's time without program start-up and compilation)" in out
+    stats = report.job_steps
+    assert stats is not None and stats.abnormal >= 1
+    # The crafted steps take 2 s and 4 s, with one stuck step: the spread is the typical steps', not the stuck one's.
+    assert f"MAD {stats.mad * 1000:.1f} ms" in out and "mean deviation" not in out
+    assert f"mean {stats.mean * 1000:.1f} ms (pulled by the abnormal steps)" in out
+    from otel_training.analysis.steps import normal_threshold, step_stats
+
+    issue = [0.0202] * 39 + [0.8202]  # the issue's 40 steps of 20.2 ms, one of them stuck for 820 ms
+    one_stuck = step_stats(issue, None, normal_threshold(issue))
+    assert one_stuck is not None and one_stuck.mad == pytest.approx(0.0) and one_stuck.abnormal == 1
+    assert one_stuck.mean == pytest.approx(0.0402)  # what "mean deviation 20.0 ms" came from
+    html = render_html(report)
+    assert "training loop goodput" in html and f"{loop:.1%}" in html and "MAD ms" in html

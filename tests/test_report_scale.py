@@ -71,6 +71,19 @@ def test_in_memory_report_gives_the_frozen_figures(name: str, jobs: dict[str, Pa
     assert _figures(build_report(result.records, result.problems, **CASES[name][1])) == FROZEN[name]
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_streamed_report_gives_the_in_memory_step_spread(name: str, jobs: dict[str, Path]) -> None:
+    """The MAD (after the frozen figures were taken): streamed as the in-memory report computes it."""
+    result = read_paths([jobs[name]], progress=False)
+    in_memory = build_report(result.records, result.problems, **CASES[name][1])
+    streamed = report_files([jobs[name]], workers=1, progress=False, **CASES[name][1])
+    assert {rank: stats.mad for rank, stats in streamed.rank_steps.items()} == pytest.approx(
+        {rank: stats.mad for rank, stats in in_memory.rank_steps.items()})
+    if in_memory.job_steps is not None:
+        assert streamed.job_steps is not None and streamed.job_steps.mad == pytest.approx(in_memory.job_steps.mad)
+        assert in_memory.job_steps.mad >= 0.0
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", list(CASES))
 def test_streamed_report_gives_the_frozen_figures(name: str, workers: int, jobs: dict[str, Path],

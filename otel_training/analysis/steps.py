@@ -64,9 +64,11 @@ class StepStats:
     ideal: float | None
     """Ideal step time used for the deviation (shared by all ranks of a job)."""
     mean_deviation: float | None
-    """Mean of (duration − ideal) over the steps."""
+    """Mean of (duration − ideal) over the steps: one stuck step among few pulls it far from the median."""
     abnormal: int
     """Steps longer than median + 3·MAD of the pooled steps."""
+    mad: float = 0.0
+    """Median absolute deviation from the median: the spread of typical steps, which a stuck step does not move."""
 
 
 def step_stats(durations: Sequence[float], ideal: float | None, threshold: float | None) -> StepStats | None:
@@ -76,14 +78,16 @@ def step_stats(durations: Sequence[float], ideal: float | None, threshold: float
     ordered = sorted(durations)
     count = len(ordered)
     p90 = ordered[min(count - 1, int(0.9 * count))]
+    median = statistics.median(ordered)
     return StepStats(
         count=count,
         mean=statistics.fmean(ordered),
-        median=statistics.median(ordered),
+        median=median,
         p90=p90,
         minimum=ordered[0],
         maximum=ordered[-1],
         ideal=ideal,
         mean_deviation=None if ideal is None else statistics.fmean(ordered) - ideal,
         abnormal=0 if threshold is None else sum(1 for d in ordered if d > threshold),
+        mad=statistics.median([abs(d - median) for d in ordered]),
     )

@@ -226,6 +226,8 @@ def _cards(report: JobReport) -> str:
     worst = max(account.badput.items(), key=lambda item: item[1], default=("-", 0.0))
     cards = [
         ("goodput", "-" if account.goodput is None else f"{account.goodput:.1%}"),
+        ("training loop goodput (without start-up, compilation)",
+         "-" if account.training_goodput is None else f"{account.training_goodput:.1%}"),
         ("accelerator time", f"{account.total_s:,.1f} s"),
         ("largest badput", f"{worst[0]}" if worst[1] > 0 else "-"),
         ("ranks / restarts", f"{len({run.key.rank for run in account.runs})} / {account.restarts}"),
@@ -250,13 +252,13 @@ def _rank_table(report: JobReport) -> str:
         where = "-" if worst is None else html.escape(report.window_label(rank, worst))
         rows.append(
             f"<tr{css}><td>rank {rank}</td><td>{stats.count}</td><td>{_ms(stats.median)}</td><td>{_ms(stats.p90)}</td>"
-            f"<td>{_ms(stats.maximum)}</td><td>{_ms(stats.mean_deviation)}</td><td>{stats.abnormal}</td>"
+            f"<td>{_ms(stats.maximum)}</td><td>{_ms(stats.mad)}</td><td>{_ms(stats.mean)}</td><td>{stats.abnormal}</td>"
             f"<td>{score.relative if score else 1:.2f}</td><td>{score.individual if score else 1:.2f}</td>"
             f"<td>{where}</td></tr>"
         )
     named = "".join(f"<li>{html.escape(line)}</li>" for line in report.straggler_lines())
     return ("<table><tr><th>rank</th><th>steps</th><th>median ms</th><th>p90 ms</th><th>max ms</th>"
-            "<th>mean deviation ms</th><th>abnormal</th><th>relative score</th><th>individual score</th>"
+            "<th>MAD ms</th><th>mean ms</th><th>abnormal</th><th>relative score</th><th>individual score</th>"
             "<th>worst window</th></tr>"
             + "".join(rows) + "</table>"
             + f"<p>Scores are each rank's worst window of {report.straggler_window} steps; a rank is named when a "

@@ -80,10 +80,11 @@ def job_figures(arrays: Sequence[array], configured_ideal: float | None,
     values.partition(k)
     p90 = float(values[k])
     threshold = None
+    numpy.subtract(values, median, out=values)  # the pooled copy becomes the deviations: the ranks'
+    numpy.abs(values, out=values)  # own arrays still hold the durations
+    mad = _median(values)
     if count >= MIN_STEPS:
-        numpy.subtract(values, median, out=values)  # the pooled copy becomes the deviations: the ranks'
-        numpy.abs(values, out=values)  # own arrays still hold the durations
-        threshold = median + MAD_FACTOR * _median(values)
+        threshold = median + MAD_FACTOR * mad
     del values
     ideal = configured_ideal
     if ideal is None and threshold is not None:
@@ -92,7 +93,8 @@ def job_figures(arrays: Sequence[array], configured_ideal: float | None,
     abnormal = 0 if threshold is None else sum(int(numpy.count_nonzero(part > threshold)) for part in parts)
     return threshold, ideal, StepStats(count=count, mean=mean, median=median, p90=p90, minimum=minimum,
                                        maximum=maximum, ideal=ideal,
-                                       mean_deviation=None if ideal is None else mean - ideal, abnormal=abnormal)
+                                       mean_deviation=None if ideal is None else mean - ideal, abnormal=abnormal,
+                                       mad=mad)
 
 
 def median_of(durations: array) -> float:
@@ -117,6 +119,9 @@ def stats_of(durations: array, ideal: float | None, threshold: float | None) -> 
     median = _median(values)
     k = min(count - 1, int(0.9 * count))
     values.partition(k)
-    return StepStats(count=count, mean=mean, median=median, p90=float(values[k]), minimum=minimum,
+    p90 = float(values[k])
+    numpy.subtract(values, median, out=values)
+    numpy.abs(values, out=values)
+    return StepStats(count=count, mean=mean, median=median, p90=p90, minimum=minimum,
                      maximum=maximum, ideal=ideal, mean_deviation=None if ideal is None else mean - ideal,
-                     abnormal=abnormal)
+                     abnormal=abnormal, mad=_median(values))
