@@ -464,3 +464,24 @@ def test_the_drain_outlives_a_sigterm_sent_to_every_process_of_the_job(offloaded
             pass
     result = telemetry.shutdown(timeout_s=30)
     assert result.completed and result.exported == 11 and telemetry._drain.returncode == 0  # noqa: SLF001
+
+
+def test_lineage_set_in_the_training_process_is_stamped_on_its_offloaded_spans(offloaded: Any) -> None:
+    telemetry = offloaded(pipeline_id="pipe-1", trigger_id="trigger-0")
+    trainer = otel_training.TrainerProcess()
+    otel_training.set_lineage(trigger_id="trigger-7", training_id="t-7-0")
+    with trainer.train():
+        with trainer.step(global_step=0, loss=0.5):
+            pass
+    otel_training.set_lineage(trigger_id=None)  # cleared here: the option's trigger-0 must not come back
+    with trainer.evaluate():
+        pass
+    telemetry.shutdown(timeout_s=30)
+    spans = {span["name"]: span for span in read_spans(telemetry.trace_path)}
+    for name in (sc.SPAN_TRAIN, sc.SPAN_STEP):
+        attributes = spans[name]["attributes"]
+        assert attributes[sc.TRAINING_PIPELINE_ID] == "pipe-1" and attributes[sc.TRAINING_TRIGGER_ID] == "trigger-7"
+        assert attributes[sc.TRAINING_TRIGGER_TRAINING_ID] == "t-7-0"
+    assert spans[sc.SPAN_STEP]["attributes"][sc.LOSS] == 0.5
+    assert sc.TRAINING_TRIGGER_ID not in spans[sc.SPAN_EVALUATE]["attributes"]
+    assert spans[sc.SPAN_EVALUATE]["attributes"][sc.TRAINING_PIPELINE_ID] == "pipe-1"

@@ -87,7 +87,7 @@ class OffloadTelemetry(Telemetry):
         self._drain = self._start_drain(ring)
         self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
-            close=self._close_drain, fast=ring.fast_records())
+            close=self._close_drain, fast=ring.fast_records(), lineage=self.lineage)
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
         #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
         #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).
@@ -154,7 +154,9 @@ class OffloadTelemetry(Telemetry):
             os.close(ask)  # the drain's copy is the only one: its exit ends the responder
         self._responder = Responder(asked, ring.write, self._exit_for_stuck_action)
         # The drain runs no sidecar of its own: it does the sidecar's work for this process (responder.py).
-        hello = {"options": {**self.options, "offload": False, "watchdog": False},
+        # The lineage is stamped here, where set_lineage() changes it (record_tracer.py): the drain's stamps none.
+        hello = {"options": {**self.options, "offload": False, "watchdog": False, "pipeline_id": None,
+                             "trigger_id": None, "trigger_training_id": None},
                  "resource": dict(self.resource.attributes), "schema_url": self.resource.schema_url,
                  "pid": os.getpid(), "requests_fd": ask, "watchdog": self.options["watchdog"]}
         assert process.stdin is not None

@@ -38,6 +38,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
 from otel_training.pipeline.records import (BEGIN, END, SCOPE, Emit, FastRecords, encode, encode_links,
                                             encode_plain)
@@ -209,6 +210,11 @@ class RecordTracer(trace_api.Tracer):
                    start_time: int | None = None, record_exception: bool = True,
                    set_status_on_exception: bool = True) -> trace_api.Span:
         provider = self._provider
+        lineage = provider.lineage
+        if lineage is not None:
+            stamp = lineage.stamp
+            if stamp:  # over the span's own, as the lineage processor's on_start would
+                attributes = {**attributes, **stamp} if attributes else dict(stamp)
         parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
         if parent.is_valid:  # type: ignore[union-attr]
             trace_id, parent_id = parent.trace_id, parent.span_id  # type: ignore[union-attr]
@@ -279,8 +285,12 @@ class RecordTracerProvider(trace_api.TracerProvider):
     def __init__(self, emit: Emit, resource: Resource, sampler: Sampler = DEFAULT_ON, *,
                  write_control: Callable[[bytes, float], bool] | None = None,
                  flush: Callable[[float], bool] = lambda timeout_s: True,
-                 close: Callable[[], bool] = lambda: True, fast: FastRecords | None = None) -> None:
+                 close: Callable[[], bool] = lambda: True, fast: FastRecords | None = None,
+                 lineage: LineageSpanProcessor | None = None) -> None:
         self.emit: Emit = emit
+        #: The process's lineage (``set_lineage``), stamped on each span as it starts: the lineage processor
+        #: would do it in-process, and the drain's cannot see this process's changes.
+        self.lineage = lineage
         #: The C core's fast records, for spans with plain values and the default sampler (None: marshal only).
         self.fast = fast
         self.resource = resource

@@ -32,6 +32,12 @@ class LineageSpanProcessor(SpanProcessor):
     def attributes(self) -> dict[str, AttributeValue]:
         return dict(self._attributes)
 
+    @property
+    def stamp(self) -> Mapping[str, AttributeValue]:
+        """The lineage now, without a copy, for a tracer that stamps spans itself (the offloaded pipeline's
+        record tracer, whose spans no processor of this process sees). Never mutated: ``set`` replaces it."""
+        return self._attributes
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if self._attributes:
             span.set_attributes(self._attributes)
