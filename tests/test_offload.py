@@ -485,3 +485,30 @@ def test_lineage_set_in_the_training_process_is_stamped_on_its_offloaded_spans(o
     assert spans[sc.SPAN_STEP]["attributes"][sc.LOSS] == 0.5
     assert sc.TRAINING_TRIGGER_ID not in spans[sc.SPAN_EVALUATE]["attributes"]
     assert spans[sc.SPAN_EVALUATE]["attributes"][sc.TRAINING_PIPELINE_ID] == "pipe-1"
+
+
+@pytest.mark.realtime
+def test_offloaded_the_job_ends_within_its_exit_budget_when_the_collector_is_gone() -> None:
+    """The training process exits within its budget, and the drain, which holds the job's output pipes (a
+    launcher's capture, a `| tee`), within one more: a flush the training process asked for lasts no longer
+    than it waits (the drain took 15 s, the OTLP exporter's own retry budget, before)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = child_environ()
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    env["OTEL_TRAINING_OFFLOAD"] = "true"
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "steps_then_exit.py")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stdout is not None and process.stdout.readline().strip() == "done"
+    started = time.monotonic()
+    process.wait(timeout=30)
+    exited = time.monotonic() - started
+    _, stderr = process.communicate(timeout=30)  # until the drain, too, has closed the pipes
+    ended = time.monotonic() - started
+    assert process.returncode == 0
+    assert exited < 1.8, f"the training process exited {exited:.2f} s after its loop (budget 1 s)"
+    assert ended < 1.8 + 1.5, f"the drain ended {ended:.2f} s after the loop (budget 1 s after the close)"
+    assert "100 span(s) were not delivered" in stderr

@@ -54,6 +54,7 @@ from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
+_CLOSE_PAYLOAD = marshal.dumps((CLOSE,))
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: How long the drain sleeps when the ring is empty, and how often it publishes its counts.
 POLL_S = 0.002
@@ -136,12 +137,17 @@ class Replayer:
         self.closed = False
         #: Records that did not decode as a record of their kind (``check_record``).
         self.bad = 0
+        #: Once the training process has closed its pipeline or gone: when this drain stops exporting
+        #: (monotonic), ``exit_timeout_s`` later, collector or not.
+        self.exit_deadline: float | None = None
         #: The device spans of a training process whose markers a native thread resolves (``device_steps.py``).
         self.device_steps = DeviceSteps(telemetry.tracer,
                                         lambda: telemetry.stuck_threshold_s(sc.SPAN_DEVICE_STEP))
 
     def apply_all(self, payloads: list[bytes]) -> None:
         decode_fast = self.decode_fast
+        if self.exit_deadline is None and payloads and payloads[-1] == _CLOSE_PAYLOAD:
+            self.closing()  # the training process's flush just before its close waits no longer than it
         for payload in payloads:
             try:  # a fast record's first byte is its type, 1 to 3, which no marshal record starts with
                 record = decode_fast(payload) if decode_fast is not None and payload[0] < 4 else marshal.loads(payload)
@@ -155,6 +161,11 @@ class Replayer:
                 self.apply(record)
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 self._refuse(record, "the SDK refused it")
+
+    def closing(self) -> None:
+        """The training process closed its pipeline or is gone: what is left gets ``exit_timeout_s``."""
+        if self.exit_deadline is None:
+            self.exit_deadline = time.monotonic() + float(self.telemetry.options["exit_timeout_s"])
 
     def _refuse(self, record: Any, problem: str) -> None:
         """A record that does not decode: counted as one span lost (a damaged end record's span is discarded)."""
@@ -174,10 +185,16 @@ class Replayer:
             _, scope, name, version, schema_url, attributes = record
             self.tracers[scope] = self.telemetry.tracer_provider.get_tracer(name, version, schema_url, attributes)
         elif kind == FLUSH:
-            self.telemetry.force_flush(record[2])  # the training process's own timeout
+            # No longer than the training process waits for it (its deadline, on the machine's monotonic clock),
+            # nor past this drain's own exit deadline once that process has closed or gone.
+            timeout_s = record[2] if len(record) < 4 else min(record[2], record[3] - time.monotonic())
+            if self.exit_deadline is not None:
+                timeout_s = min(timeout_s, self.exit_deadline - time.monotonic())
+            self.telemetry.force_flush(max(0.0, timeout_s))
             self.flush_token = record[1]
         elif kind == CLOSE:
             self.closed = True
+            self.closing()
         elif kind == STACKS:
             self.on_stacks(record[1], record[2])
         elif kind == DEVICE:
@@ -274,6 +291,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
             published = now
         if not records:
             if os.getppid() != parent:  # the training process is gone: export what it wrote
+                replayer.closing()
                 replayer.apply_all(ring.read(1 << 62))
                 break
             time.sleep(POLL_S)
@@ -286,7 +304,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
         logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
     if requests is not None:
         requests.close()  # the training process's responder sees the end of the pipe and stops
-    telemetry.shutdown(timeout_s=telemetry.options["exit_timeout_s"])
+    replayer.closing()
+    telemetry.shutdown(timeout_s=max(0.1, replayer.exit_deadline - time.monotonic()))  # type: ignore[operator]
     _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
     ring.put(DRAIN_FIELDS["done"], 1)
     return 0

@@ -208,7 +208,9 @@ class OffloadTelemetry(Telemetry):
         with self._flush_lock:
             self._flush_token += 1
             token = self._flush_token
-        if not self._write_control(marshal.dumps((FLUSH, token, timeout_s)), timeout_s):
+        # The deadline too (CLOCK_MONOTONIC is the machine's, the same in the drain): the drain stops flushing
+        # when this process stops waiting, not a whole timeout after it read the record.
+        if not self._write_control(marshal.dumps((FLUSH, token, timeout_s, deadline)), timeout_s):
             return False
         return self._wait(lambda: ring.get(DRAIN_FIELDS["flushed"]) >= token, deadline)
 

@@ -106,9 +106,9 @@ def check_record(record: Any) -> str | None:
         good = (len(record) == 6 and _int(record[1], 1, 1 << 63) and type(record[2]) is str
                 and _optional_str(record[3]) and _optional_str(record[4]) and _mapping(record[5]))
         return None if good else "a scope record"
-    if kind == FLUSH and type(kind) is int:
-        good = len(record) == 3 and _int(record[1], 0, 1 << 63) and type(record[2]) in (int, float) \
-            and 0 <= record[2] < 1e9
+    if kind == FLUSH and type(kind) is int:  # (FLUSH, token, timeout_s[, the writer's monotonic deadline])
+        good = len(record) in (3, 4) and _int(record[1], 0, 1 << 63) and type(record[2]) in (int, float) \
+            and 0 <= record[2] < 1e9 and (len(record) == 3 or (type(record[3]) is float and record[3] >= 0))
         return None if good else "a flush record"
     if kind == CLOSE and type(kind) is int:
         return None if len(record) == 1 else "a close record"

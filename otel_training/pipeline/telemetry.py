@@ -89,6 +89,10 @@ def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str)
     return done.wait(max(0.0, timeout_s))
 
 
+def _millis(seconds: float) -> int:
+    return max(0, int(seconds * 1000))
+
+
 def check_output_dir(output_dir: str, option: str = "output_dir", what: str = "trace") -> None:
     """Fail before training, not at the first export, when the trace (or spool) directory is unusable."""
     path = Path(output_dir)
@@ -318,7 +322,10 @@ class Telemetry:
         start = time.monotonic()
         if self.is_shut_down:
             return self._shutdown_result  # type: ignore[return-value]
-        completed = _run_with_deadline(self.tracer_provider.force_flush, timeout_s, "flush-traces")
+        # The timeout goes to the provider too: the offloaded one asks the drain to flush no longer than this,
+        # and the SDK's stops its export in the background by then rather than after its own 30 s.
+        completed = _run_with_deadline(lambda: self.tracer_provider.force_flush(_millis(timeout_s)), timeout_s,
+                                       "flush-traces")
         remaining = timeout_s - (time.monotonic() - start)
         if self.meter_provider is not None and remaining > 0:
             _run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
@@ -347,8 +354,9 @@ class Telemetry:
                 # it only after the batch processor, where that alert would be dropped.
                 _run_with_deadline(detector.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
             # Most of the budget for delivering spans, the rest for stopping cleanly.
+            flush_s = 0.8 * (deadline - time.monotonic())
             completed = _run_with_deadline(
-                self.tracer_provider.force_flush, 0.8 * (deadline - time.monotonic()), "flush-traces"
+                lambda: self.tracer_provider.force_flush(_millis(flush_s)), flush_s, "flush-traces"
             )
             if self._guard is not None:
                 # Interrupts the OTLP exporter's retry back-off and refuses later batches.
