@@ -19,7 +19,8 @@ from otel_training._version import __version__
 if TYPE_CHECKING:
     from otel_training.config.options import ConfigError
     from otel_training.pipeline.configure import configure, get_telemetry
-    from otel_training.pipeline.telemetry import FlushResult, Telemetry
+    from otel_training.pipeline.deadlines import FlushResult
+    from otel_training.pipeline.telemetry import Telemetry
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
@@ -36,7 +37,7 @@ _EXPORTS = {
     "ConfigError": "otel_training.config.options",
     "DLRoverLogProcessor": "otel_training.processors.dlrover_log",
     "Duration": "otel_training.events.duration",
-    "FlushResult": "otel_training.pipeline.telemetry",
+    "FlushResult": "otel_training.pipeline.deadlines",
     "GoodputSpanProcessor": "otel_training.processors.goodput",
     "MasterProcess": "otel_training.events.predefined",
     "Process": "otel_training.events.process",

@@ -47,7 +47,8 @@ from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.pipeline.records import CLOSE, FLUSH
 from otel_training.pipeline.responder import Responder
-from otel_training.pipeline.telemetry import Telemetry, _version, check_output_dir
+from otel_training.pipeline.outputs import check_output_dir
+from otel_training.pipeline.telemetry import Telemetry, _version
 
 logger = logging.getLogger("otel_training")
 #: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.

@@ -11,7 +11,6 @@ delivered.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import os
 import sys
@@ -31,12 +30,12 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, Tracer
 
 from otel_training import semconv as sc
-from otel_training._contain import call_contained, log_once
-from otel_training._files import DIR_MODE
-from otel_training.config.options import ConfigError
+from otel_training._contain import call_contained
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
+from otel_training.pipeline.deadlines import FlushResult, millis, run_with_deadline
 from otel_training.pipeline.exporters import metric_exporter, span_exporter
+from otel_training.pipeline.outputs import check_output_dir, default_exporter
 from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
@@ -50,61 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("otel_training")
 
 
-@dataclasses.dataclass(frozen=True)
-class FlushResult:
-    """What a flush or shutdown achieved within its deadline."""
-
-    completed: bool
-    """True when everything queued was handed to the exporter before the deadline."""
-    exported: int
-    """Spans the exporter delivered since start-up."""
-    dropped: int
-    """Spans that will never be delivered: failed exports, queue overflow, and on
-    shutdown whatever was still queued."""
-    pending: int
-    """Spans still queued or in flight (0 after a shutdown)."""
-    elapsed_s: float
-    spooled: int = 0
-    """Spans the collector could not take, written to the local spool instead (``spool_dir``)."""
-
-
-def _run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str) -> bool:
-    """Run ``function`` in a daemon thread; True if it returned within ``timeout_s``.
-
-    The SDK's flush and shutdown can block for the exporter's whole retry budget;
-    a daemon thread lets us stop waiting without being able to cancel them.
-    """
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            function()
-        except Exception:  # noqa: BLE001
-            log_once(f"deadline:{name}", "otel_training: %s raised", name)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name=f"otel-training-{name}", daemon=True)
-    thread.start()
-    return done.wait(max(0.0, timeout_s))
-
-
-def _millis(seconds: float) -> int:
-    return max(0, int(seconds * 1000))
-
-
-def check_output_dir(output_dir: str, option: str = "output_dir", what: str = "trace") -> None:
-    """Fail before training, not at the first export, when the trace (or spool) directory is unusable."""
-    path = Path(output_dir)
-    named = f"option {option}={output_dir!r} (OTEL_TRAINING_{option.upper()})"
-    try:
-        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"{named}: cannot create the {what} directory: {error.strerror or error}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"{named}: the {what} directory is not writable")
-
-
 #: The SDK's defaults, given explicitly to a stand-in for a failed configuration.
 _TRACING_DEFAULTS: dict[str, Any] = {
     "sampler": DEFAULT_ON,
@@ -113,13 +57,6 @@ _TRACING_DEFAULTS: dict[str, Any] = {
                               max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET),
 }
 _METRICS_DEFAULTS: dict[str, Any] = {"exemplar_filter": TraceBasedExemplarFilter()}
-
-
-def default_exporter(environ: Mapping[str, str]) -> str:
-    """``otlp`` when a collector endpoint is configured, else the embedded ``file``."""
-    if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        return "otlp"
-    return "file"
 
 
 class Telemetry:
@@ -324,11 +261,11 @@ class Telemetry:
             return self._shutdown_result  # type: ignore[return-value]
         # The timeout goes to the provider too: the offloaded one asks the drain to flush no longer than this,
         # and the SDK's stops its export in the background by then rather than after its own 30 s.
-        completed = _run_with_deadline(lambda: self.tracer_provider.force_flush(_millis(timeout_s)), timeout_s,
+        completed = run_with_deadline(lambda: self.tracer_provider.force_flush(millis(timeout_s)), timeout_s,
                                        "flush-traces")
         remaining = timeout_s - (time.monotonic() - start)
         if self.meter_provider is not None and remaining > 0:
-            _run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
+            run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
         exported, dropped, pending = self._counts()
         return FlushResult(completed and pending == 0, exported, dropped, pending, time.monotonic() - start,
                            self.spans_spooled)
@@ -352,17 +289,17 @@ class Telemetry:
                 # Its watcher ends alert spans on a thread of its own: stop it (letting an alert it is
                 # raising reach the queue) before the last flush. The tracer provider's shutdown stops
                 # it only after the batch processor, where that alert would be dropped.
-                _run_with_deadline(detector.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
+                run_with_deadline(detector.shutdown, 0.2 * (deadline - time.monotonic()), "shutdown-stuck")
             # Most of the budget for delivering spans, the rest for stopping cleanly.
             flush_s = 0.8 * (deadline - time.monotonic())
-            completed = _run_with_deadline(
-                lambda: self.tracer_provider.force_flush(_millis(flush_s)), flush_s, "flush-traces"
+            completed = run_with_deadline(
+                lambda: self.tracer_provider.force_flush(millis(flush_s)), flush_s, "flush-traces"
             )
             if self._guard is not None:
                 # Interrupts the OTLP exporter's retry back-off and refuses later batches.
                 self._guard.close()
-            _run_with_deadline(self.tracer_provider.shutdown, 0.5 * (deadline - time.monotonic()), "shutdown-traces")
-            if not _run_with_deadline(
+            run_with_deadline(self.tracer_provider.shutdown, 0.5 * (deadline - time.monotonic()), "shutdown-traces")
+            if not run_with_deadline(
                 self.meter_provider.shutdown, deadline - time.monotonic(), "shutdown-metrics"
             ) and self._metric_exporter is not None:
                 call_contained(self._metric_exporter.shutdown)

@@ -211,9 +211,8 @@ class StuckSpanProcessor(SpanProcessor):
             entry = _Watched(span, learner, threshold, now, threading.get_ident(), parent_context)
             late_s = (time.time_ns() - span.start_time) / 1e9 if span.start_time else 0.0
             if late_s > _LATE_S or span.name in _AFTER_THE_FACT:
-                # Begun before it reached us: started by the device timeline once the device began the step
-                # (or once the gap was long), replayed by the offload drain, recorded with its measured start.
-                # Watched from its own start time, and judged by its own times when it ends.
+                # Begun before it reached us (the device timeline's, the drain's replay, a measured start):
+                # watched from its own start time, and judged by its own times when it ends.
                 entry.after_the_fact = True
                 entry.start = now - max(0.0, late_s)
                 entry.deadline = entry.start + threshold.seconds
@@ -246,9 +245,8 @@ class StuckSpanProcessor(SpanProcessor):
                 with self._slot_lock:
                     self._slot.end(span.context.span_id)  # type: ignore[union-attr]
             if entry.after_the_fact and not entry.count and elapsed >= entry.threshold.seconds:
-                # Reached us too late to be caught open (the drain starting, or behind; a device step that
-                # ended between two scans): it was stuck all the same, so it gets its alert now, and its
-                # recovery below.
+                # Reached us too late to be caught open (the drain behind, a device step ending between two
+                # scans): it was stuck all the same, so it gets its alert now, and its recovery below.
                 entry.count = 1
                 self._to_deliver.append(self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context,
                                                        entry.threshold, 1, elapsed, None))
@@ -383,8 +381,7 @@ class StuckSpanProcessor(SpanProcessor):
 
 #: Spans the device timeline starts after the fact, backdated (events/device.py).
 _AFTER_THE_FACT = frozenset({sc.SPAN_DEVICE_STEP, sc.SPAN_BETWEEN_STEPS})
-#: A span that began longer ago than this when it reached the detector is timed from its own start (a replayed
-#: or backdated span); a span started now reaches it within microseconds.
+#: A span begun longer ago than this when it reaches the detector is timed from its own start (replayed, backdated).
 _LATE_S = 0.05
 _instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
 
