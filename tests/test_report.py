@@ -496,3 +496,61 @@ def test_the_summary_gives_the_loops_goodput_beside_the_jobs_and_a_spread_one_st
     assert one_stuck.mean == pytest.approx(0.0402)  # what "mean deviation 20.0 ms" came from
     html = render_html(report)
     assert "training loop goodput" in html and f"{loop:.1%}" in html and "MAD ms" in html
+
+
+def test_json_output_carries_every_figure_of_the_summary(tmp_path: Path) -> None:
+    """``--json`` against the text summary of the same run: each figure the summary prints, formatted the way
+    the summary formats it, is the JSON's."""
+    from otel_training.report.summary import _duration, _ms
+
+    crafted.write_otlp(tmp_path / "traces")
+    json_path = tmp_path / "report.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli.main", "report", str(tmp_path / "traces"), "--no-html",
+         "--json", str(json_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 0, completed.stderr
+    text = completed.stdout
+    figures = json.loads(json_path.read_text())
+    assert figures["schema"] == "otel-training.report/1"
+    lines = text.splitlines()
+
+    def line(prefix: str) -> str:
+        (found,) = [item for item in lines if item.startswith(prefix)]
+        return found
+
+    assert line("job ").startswith(f"job {', '.join(figures['job_ids'])}: {figures['span_count']} spans, "
+                                   f"{len(figures['ranks'])} rank(s), {figures['restarts']} restart(s), "
+                                   f"{figures['runs']} run(s)")
+    goodput = figures["goodput"]
+    assert line("goodput: ") == (f"goodput: {goodput['job']:.1%} of {_duration(goodput['accelerator_s'])} "
+                                 f"accelerator time ({_duration(goodput['productive_s'])} productive)")
+    assert line("training loop goodput: ").startswith(f"training loop goodput: {goodput['training_loop']:.1%} ")
+    for bucket, seconds in goodput["badput_s"].items():
+        if seconds > 0:
+            assert (f"  {bucket:<20} {_duration(seconds):>10}  {seconds / goodput['accelerator_s']:6.1%}"
+                    in lines), bucket
+    steps = figures["steps"]
+    job = steps["job"]
+    assert line("steps: ").startswith(
+        f"steps: {job['count']}, median {_ms(job['median_s'])}, p90 {_ms(job['p90_s'])}, MAD {_ms(job['mad_s'])}, "
+        f"ideal {_ms(steps['ideal_s'])}, {job['abnormal']} abnormal")
+    for rank in steps["ranks"]:
+        row = (f"  {rank['rank']:>4} {rank['steps']['count']:>6} {_ms(rank['steps']['median_s']):>10} "
+               f"{_ms(rank['steps']['p90_s']):>10} {_ms(rank['steps']['mad_s']):>10} {rank['relative_score']:>8.2f} "
+               f"{rank['individual_score']:>10.2f}{'  straggler' if rank['straggler'] else ''}")
+        assert row in lines, row
+    stragglers = figures["stragglers"]
+    assert line("stragglers: ") == "stragglers: " + ", ".join(f"rank {rank}" for rank in stragglers["ranks"])
+    assert stragglers["ranks"] == [1] and all(f"  {item}" in lines for item in stragglers["lines"])
+    assert line("alerts: ") == f"alerts: {len(figures['alerts'])}"
+    for alert in figures["alerts"]:
+        elapsed = "" if alert["elapsed_s"] is None else f" after {alert['elapsed_s']:.1f} s"
+        threshold = "" if alert["threshold_s"] is None else f" (threshold {alert['threshold_s']:.1f} s)"
+        assert any(item.startswith(f"  rank {alert['rank']} restart {alert['restart']}: ")
+                   and item.endswith(f" {alert['kind']}{elapsed}{threshold}") for item in lines), alert
+    assert figures["problems"] == [] and "input problems" not in text
+    # Standard output holds the JSON alone with "-".
+    alone = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli.main", "report", str(tmp_path / "traces"), "--no-html",
+         "--json", "-"], capture_output=True, text=True, timeout=120, check=False)
+    assert alone.returncode == 0 and json.loads(alone.stdout) == figures

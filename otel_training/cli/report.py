@@ -25,6 +25,8 @@ def register(subparsers: Any) -> None:
                         "next to the first input, or in the current directory)")
     parser.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     parser.add_argument("--chrome", metavar="FILE", help="also write a Chrome trace (Perfetto, chrome://tracing)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure of the summary as JSON (schema: "
+                        "docs/report.md); - writes it to standard output instead of the summary")
     parser.add_argument("--job", metavar="ID", help="only spans of this training.job.id")
     parser.add_argument("--evaluation-is-productive", action="store_true", help="count evaluation as goodput")
     parser.add_argument("--ideal-step-time", type=float, default=None, metavar="SECONDS",
@@ -136,7 +138,16 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
     from otel_training.report.files import workers_available
     from otel_training.report.reader import stream_records
 
-    print(render_summary(report))
+    from otel_training.report.machine import render_json
+
+    to_stdout = args.json == "-"
+    notes = sys.stderr if to_stdout else sys.stdout  # standard output holds the JSON alone
+    print(render_json(report) if to_stdout else render_summary(report), end="" if to_stdout else "\n")
+    if args.json and not to_stdout:
+        json_path = Path(args.json)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(render_json(report), encoding="utf-8")
+        print(f"json report: {json_path.resolve()}")
     if not report.span_count:
         print("otel-training report: no spans to report on", file=sys.stderr)
         return 1
@@ -146,9 +157,9 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
         html_path = Path(args.html) if args.html else default_html_path(paths)
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(render_html(report, processes=args.workers or workers_available()), encoding="utf-8")
-        print(f"html report: {html_path.resolve()}")
+        print(f"html report: {html_path.resolve()}", file=notes)
     if args.chrome:
         spans = (record for record in stream_records(spans_from) if args.job is None or record.run.job_id == args.job)
         count = write_chrome_trace(spans, args.chrome)
-        print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)")
+        print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)", file=notes)
     return 0
