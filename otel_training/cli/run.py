@@ -67,9 +67,9 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     # Fail here, before the job starts: a worker that cannot configure runs uninstrumented.
     options = resolve({}, env)
     if not offload_given:
-        from otel_training._ring import supported
+        from otel_training.pipeline.offload import offload_by_default
 
-        options["offload"] = supported(options["native"]) is None
+        options["offload"] = offload_by_default(options["native"])
         env[ENV_PREFIX + "OFFLOAD"] = "true" if options["offload"] else "false"
     if options["offload"]:
         from otel_training.pipeline.offload import check_offload

@@ -66,6 +66,12 @@ def check_offload(options: Mapping[str, Any]) -> None:
         raise ConfigError(f"option offload=True (OTEL_TRAINING_OFFLOAD): not available here: {why}")
 
 
+def offload_by_default(native: str) -> bool:
+    """Whether a zero-code launch (``otel-training run``, ``opentelemetry-instrument``) offloads when not told:
+    wherever offload runs (Linux; aarch64 with the C core)."""
+    return supported(native if native in ("auto", "on", "off") else "auto") is None
+
+
 class OffloadTelemetry(Telemetry):
     """A ``Telemetry`` whose spans are records for a drain process (see the module docstring)."""
 

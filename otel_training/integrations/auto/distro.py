@@ -21,6 +21,13 @@ class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
 
     def _configure(self, **kwargs: Any) -> None:
         os.environ.setdefault("OTEL_PYTHON_CONFIGURATOR", "otel_training")
+        # As under otel-training run: offloaded wherever it runs, for this process and the ranks it starts
+        # (docs/offload.md); OTEL_TRAINING_OFFLOAD=false keeps the spans in the process.
+        if "OTEL_TRAINING_OFFLOAD" not in os.environ:
+            from otel_training.pipeline.offload import offload_by_default
+
+            native = os.environ.get("OTEL_TRAINING_NATIVE", "auto").strip().lower()
+            os.environ["OTEL_TRAINING_OFFLOAD"] = "true" if offload_by_default(native) else "false"
 
     def load_instrumentor(self, entry_point: Any, **kwargs: Any) -> None:
         if entry_point.name == auto.INSTRUMENTOR_NAME:
