@@ -309,7 +309,13 @@ def test_otel_training_run_stays_in_process_where_offload_cannot_run(tmp_path: P
 
     from otel_training.cli.run import build_environment
 
-    monkeypatch.setattr(_ring, "supported", lambda mode="auto": "no sealed memfd on this platform (Linux only)")
+    from otel_training.pipeline import offload as offload_module
+
+    def unsupported(mode: str = "auto") -> str:
+        return "no sealed memfd on this platform (Linux only)"
+
+    monkeypatch.setattr(_ring, "supported", unsupported)
+    monkeypatch.setattr(offload_module, "supported", unsupported)  # the zero-code launchers' rule (offload_by_default)
     options = argparse.Namespace(exporter="file", output_dir=str(tmp_path), service_name=None, option=[], command=[])
     assert build_environment(options, {})["OTEL_TRAINING_OFFLOAD"] == "false"  # no error: the default adapts
 

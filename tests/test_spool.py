@@ -150,7 +150,9 @@ def test_send_skips_a_line_the_collector_refuses_as_malformed(tmp_path: Path) ->
     assert len(sent) == 2
 
 
-def test_the_real_otlp_exporter_against_no_collector_spools_every_span(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("offload", [False, True], ids=["in-process", "offloaded"])
+def test_the_real_otlp_exporter_against_no_collector_spools_every_span(tmp_path: Path, monkeypatch,
+                                                                       offload: bool) -> None:
     # Nothing listens on port 9: every export fails (after the exporter's 1 s timeout).
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
@@ -158,7 +160,7 @@ def test_the_real_otlp_exporter_against_no_collector_spools_every_span(tmp_path:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     telemetry = otel_training.configure(reconfigure=True, exporter="otlp", metrics=False,
                                         spool_dir=str(tmp_path / "spool"), signal_hooks=False,
-                                        exception_hooks=False)
+                                        exception_hooks=False, offload=offload)  # offloaded: the drain spools
     try:
         trainer = otel_training.TrainerProcess()
         with trainer.epoch(epoch=0):
@@ -180,8 +182,9 @@ def test_the_real_otlp_exporter_against_no_collector_spools_every_span(tmp_path:
     assert "steps: 30" in report.stdout
 
 
-def test_an_unusable_spool_dir_fails_before_training(tmp_path: Path) -> None:
+@pytest.mark.parametrize("offload", [False, True], ids=["in-process", "offloaded"])
+def test_an_unusable_spool_dir_fails_before_training(tmp_path: Path, offload: bool) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(otel_training.ConfigError, match=r"spool_dir=.*a-file/spool.*cannot create the spool"):
-        otel_training.configure(reconfigure=True, exporter="otlp", spool_dir=str(blocker / "spool"))
+        otel_training.configure(reconfigure=True, exporter="otlp", spool_dir=str(blocker / "spool"), offload=offload)

@@ -41,6 +41,7 @@ from otel_training._native_loader import problem as native_problem
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
+from otel_training.exporters.spool import spool_file
 from otel_training.pipeline.device_records import DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
@@ -92,6 +93,8 @@ class OffloadTelemetry(Telemetry):
         ring.wait_s = self.options["span_queue_max_wait_s"] if self.options["span_queue_policy"] == "wait" else 0.0
         ring.alive = self._drain_alive
         self._drain = self._start_drain(ring)
+        if self.options["spool_dir"] and self.exporter_name == "otlp":  # the drain spools, in a file of its own
+            self.spool_path = spool_file(self.options["spool_dir"], self.rank, self._drain.pid)
         self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
             close=self._close_drain, fast=ring.fast_records(), lineage=self.lineage)
@@ -132,10 +135,12 @@ class OffloadTelemetry(Telemetry):
         return total
 
     def _make_span_exporter(self, environ: Mapping[str, str]) -> SpanExporter | None:
-        """None: the drain exports. The trace directory is still checked here, before training."""
+        """None: the drain exports. The trace and spool directories are still checked here, before training."""
         if self.exporter_name == "file":
             check_output_dir(self.options["output_dir"])
             self.trace_path = trace_file(self.options["output_dir"], self.rank)
+        if self.options["spool_dir"] and self.exporter_name == "otlp":
+            check_output_dir(self.options["spool_dir"], "spool_dir", "spool")  # the drain's file: once it runs
         return None
 
     def _start_drain(self, ring: Ring) -> subprocess.Popen[bytes]:
