@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import TextIO
 
 #: Mode of the files the library creates: owner read and write only.
 FILE_MODE = 0o600
@@ -48,4 +49,27 @@ def open_for_append(path: str | os.PathLike[str], file_mode: int = FILE_MODE, di
         raise
 
 
-__all__ = ["DIR_MODE", "FILE_MODE", "SymlinkRefused", "open_for_append"]
+def open_private(path: str | os.PathLike[str]) -> TextIO:
+    """``path`` opened for writing from scratch (a report), created owner-only and never through a symlink, as
+    the trace files are: a report holds the stacks and span attributes the traces hold."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except FileExistsError:  # a file where its directory should be: say that, not "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _NOFOLLOW, FILE_MODE)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise SymlinkRefused(errno.ELOOP, "is a symbolic link; not following it", str(path)) from None
+        raise
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """``text`` as the whole of ``path``, as ``open_private`` opens it."""
+    with open_private(path) as handle:
+        handle.write(text)
+
+
+__all__ = ["DIR_MODE", "FILE_MODE", "SymlinkRefused", "open_for_append", "open_private", "write_private"]

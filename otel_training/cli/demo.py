@@ -19,18 +19,20 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from otel_training.cli.args import seconds, whole
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("demo", help="run a small instrumented training loop and summarise its trace")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=20, help="steps per epoch (default: %(default)s)")
-    parser.add_argument("--accumulation", type=int, default=2, help="substeps per step (default: %(default)s)")
-    parser.add_argument("--step-time", type=float, default=0.02, help="seconds of work per step (default: %(default)s)")
+    parser.add_argument("--epochs", type=whole("epochs"), default=2, help="epochs to train (default: %(default)s)")
+    parser.add_argument("--steps", type=whole("steps"), default=20, help="steps per epoch (default: %(default)s)")
+    parser.add_argument("--accumulation", type=whole("substeps"), default=2, help="substeps per step (default: %(default)s)")
+    parser.add_argument("--step-time", type=seconds(zero=True), default=0.02, help="seconds of work per step (default: %(default)s)")
     parser.add_argument("--output-dir", default=None, help="trace directory (default: ./otel-traces)")
     parser.add_argument("--exporter", default=None, help="otlp, file, console or none (default: from the environment)")
     parser.add_argument("--no-stuck", dest="stuck", action="store_false",
                         help="do not inject a stuck step (by default one step hangs past the stuck threshold)")
-    parser.add_argument("--stuck-threshold", type=float, default=0.5,
+    parser.add_argument("--stuck-threshold", type=seconds(), default=0.5,
                         help="stuck-step threshold in seconds (default: %(default)s)")
     parser.set_defaults(handler=run)
 

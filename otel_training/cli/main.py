@@ -13,11 +13,14 @@ COMMANDS = ("demo", "report", "run", "spool", "version")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from otel_training._version import __version__
+
     parser = argparse.ArgumentParser(
         prog="otel-training",
         description="OpenTelemetry-native observability for ML training jobs.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"otel-training {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"otel_training.cli.{name}").register(subparsers)
     return parser
@@ -26,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `otel-training`: what it can do, not an error
+        parser.print_help()
+        return 0
     from otel_training.config.options import ConfigError
 
     try:

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from otel_training.cli.args import fraction, seconds, whole
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -18,8 +20,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories (default: ./otel-traces)")
     parser.add_argument("--jaeger", metavar="URL", help="read from Jaeger's query API at URL instead of files")
     parser.add_argument("--service", metavar="NAME", help="service.name to fetch from Jaeger (with --jaeger)")
-    parser.add_argument("--limit", type=int, default=10_000, help="traces to fetch from Jaeger (default: %(default)s)")
-    parser.add_argument("--lookback", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--limit", type=whole("traces"), default=10_000,
+                        help="traces to fetch from Jaeger (default: %(default)s)")
+    parser.add_argument("--lookback", type=seconds(), default=None, metavar="SECONDS",
                         help="only Jaeger traces of the last SECONDS")
     parser.add_argument("--html", metavar="FILE", help="HTML report path (default: otel-training-report.html "
                         "next to the first input, or in the current directory)")
@@ -29,9 +32,9 @@ def register(subparsers: Any) -> None:
                         "docs/report.md); - writes it to standard output instead of the summary")
     parser.add_argument("--job", metavar="ID", help="only spans of this training.job.id")
     parser.add_argument("--evaluation-is-productive", action="store_true", help="count evaluation as goodput")
-    parser.add_argument("--ideal-step-time", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--ideal-step-time", type=seconds(), default=None, metavar="SECONDS",
                         help="ideal step time (default: mean of the normal steps)")
-    parser.add_argument("--straggler-threshold", type=float, default=None, metavar="SCORE",
+    parser.add_argument("--straggler-threshold", type=fraction, default=None, metavar="SCORE",
                         help="name ranks scoring below this (default: 0.75)")
     parser.add_argument("--straggler-window", type=_window, default=None, metavar="STEPS",
                         help="steps per straggler report window: each window of each rank is scored "
@@ -45,22 +48,8 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _whole(what: str) -> Any:
-    """An argparse type: a whole number of ``what`` >= 1."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be a whole number of {what} >= 1, not {text!r}")
-        return value
-
-    return parse
-
-
-_window = _whole("steps")
-_workers = _whole("processes")
+_window = whole("steps")
+_workers = whole("processes")
 
 
 def default_html_path(paths: list[str]) -> Path:
@@ -138,16 +127,19 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
     from otel_training.report.files import workers_available
     from otel_training.report.reader import stream_records
 
+    from otel_training._files import write_private
     from otel_training.report.machine import render_json
 
     to_stdout = args.json == "-"
     notes = sys.stderr if to_stdout else sys.stdout  # standard output holds the JSON alone
     print(render_json(report) if to_stdout else render_summary(report), end="" if to_stdout else "\n")
+    status = 0
     if args.json and not to_stdout:
         json_path = Path(args.json)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(render_json(report), encoding="utf-8")
-        print(f"json report: {json_path.resolve()}")
+        if _written("--json", json_path, lambda: write_private(json_path, render_json(report))):
+            print(f"json report: {json_path.resolve()}")
+        else:
+            status = 1
     if not report.span_count:
         print("otel-training report: no spans to report on", file=sys.stderr)
         return 1
@@ -155,11 +147,29 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
         print(f"otel-training report: {HTML_NEEDS}; use --no-html to silence this", file=sys.stderr)
     elif html:
         html_path = Path(args.html) if args.html else default_html_path(paths)
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        html_path.write_text(render_html(report, processes=args.workers or workers_available()), encoding="utf-8")
-        print(f"html report: {html_path.resolve()}", file=notes)
+        if _written("--html", html_path, lambda: write_private(
+                html_path, render_html(report, processes=args.workers or workers_available()))):
+            print(f"html report: {html_path.resolve()}", file=notes)
+        else:
+            status = 1
     if args.chrome:
         spans = (record for record in stream_records(spans_from) if args.job is None or record.run.job_id == args.job)
-        count = write_chrome_trace(spans, args.chrome)
-        print(f"chrome trace: {Path(args.chrome).resolve()} ({count} spans; open in ui.perfetto.dev)", file=notes)
-    return 0
+        chrome_path = Path(args.chrome)
+        counted: list[int] = []
+        if _written("--chrome", chrome_path, lambda: counted.append(write_chrome_trace(spans, chrome_path))):
+            print(f"chrome trace: {chrome_path.resolve()} ({counted[0]} spans; open in ui.perfetto.dev)", file=notes)
+        else:
+            status = 1
+    return status
+
+
+def _written(option: str, path: Path, write: Any) -> bool:
+    """Run ``write``; False, with one line naming the option, the path and why, when the file cannot be written
+    (the summary is printed already: the report is not lost, and no traceback reaches the user)."""
+    try:
+        write()
+    except OSError as error:
+        print(f"otel-training report: {option} {str(path)!r}: cannot write it: {error.strerror or error}",
+              file=sys.stderr)
+        return False
+    return True

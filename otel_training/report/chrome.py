@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from otel_training._files import open_private
 from otel_training.analysis import SpanRecord
 
 
@@ -54,7 +55,7 @@ def write_chrome_trace(records: Iterable[SpanRecord], path: str | os.PathLike[st
     """Write the trace, one event at a time (``records`` may be a stream); returns the number of span events."""
     ranks: dict[int, str] = {}
     spans = 0
-    with open(path, "w", encoding="utf-8") as handle:
+    with open_private(path) as handle:  # span attributes, stacks among them: owner-only, as the traces
         handle.write('{"traceEvents":[')
         for record in records:
             ranks.setdefault(record.run.rank, record.service)

@@ -1,0 +1,67 @@
+"""The command line a new user meets first: help, version, bad numbers and unwritable outputs, without a traceback."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import goodput_traces as crafted
+from otel_training._version import __version__
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otel_training.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=cwd)
+
+
+def test_bare_otel_training_prints_its_help_and_version_is_a_flag() -> None:
+    bare = _cli()
+    assert bare.returncode == 0 and "usage: otel-training" in bare.stdout and "report" in bare.stdout
+    assert bare.stderr == ""
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"otel-training {__version__}"
+
+
+@pytest.mark.parametrize(("args", "option", "value"), [
+    (("report", "x", "--ideal-step-time", "-1"), "--ideal-step-time", "-1"),
+    (("report", "x", "--ideal-step-time", "soon"), "--ideal-step-time", "soon"),
+    (("report", "--jaeger", "http://127.0.0.1:9", "--service", "s", "--limit", "-5"), "--limit", "-5"),
+    (("report", "x", "--lookback", "0"), "--lookback", "0"),
+    (("report", "x", "--straggler-threshold", "7"), "--straggler-threshold", "7"),
+    (("demo", "--steps", "0"), "--steps", "0"),
+    (("demo", "--step-time", "-1"), "--step-time", "-1"),
+    (("demo", "--stuck-threshold", "nan"), "--stuck-threshold", "nan"),
+])
+def test_a_bad_number_is_refused_naming_the_option_and_value_before_anything_runs(
+        tmp_path: Path, args: tuple[str, ...], option: str, value: str) -> None:
+    result = _cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert f"argument {option}: must be" in result.stderr and repr(value) in result.stderr
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []  # nothing ran, nothing written
+
+
+def test_unwritable_report_outputs_are_one_line_each_and_the_summary_still_prints(tmp_path: Path) -> None:
+    crafted.write_otlp(tmp_path / "traces")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _cli("report", str(tmp_path / "traces"), "--html", str(blocker / "r.html"), "--chrome",
+                  str(blocker / "t.json"), "--json", str(blocker / "r.json"))
+    assert result.returncode == 1
+    assert "goodput: " in result.stdout and "Traceback" not in result.stderr
+    for option, name in (("--html", "r.html"), ("--chrome", "t.json"), ("--json", "r.json")):
+        assert f"otel-training report: {option} '{blocker / name}': cannot write it: Not a directory" in result.stderr
+
+
+def test_reports_are_owner_only_as_the_traces_are(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the HTML report needs the report extra (matplotlib)")
+    crafted.write_otlp(tmp_path / "traces")
+    out = tmp_path / "out"
+    result = _cli("report", str(tmp_path / "traces"), "--html", str(out / "r.html"), "--chrome",
+                  str(out / "t.json"), "--json", str(out / "r.json"))
+    assert result.returncode == 0, result.stderr
+    for name in ("r.html", "t.json", "r.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name  # stacks and attributes, like the traces
