@@ -65,3 +65,24 @@ def test_reports_are_owner_only_as_the_traces_are(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for name in ("r.html", "t.json", "r.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name  # stacks and attributes, like the traces
+
+
+@pytest.mark.parametrize(("typed", "said"), [
+    ("stuck_treshold_s=5", "unknown option 'stuck_treshold_s' in -o stuck_treshold_s=5; did you mean "
+                           "'stuck_threshold_s'?"),
+    ("stuck_threshold_s=-3", "-o stuck_threshold_s=-3: invalid value '-3' for option 'stuck_threshold_s': expected "
+                             "a number of seconds >= 0.01 and <= 604800"),
+    ("stuck_threshold_s=0", "-o stuck_threshold_s=0: invalid value '0' for option 'stuck_threshold_s': expected "
+                            "a number of seconds >= 0.01 and <= 604800"),
+    ("stuck_threshold_s=soon", "-o stuck_threshold_s=soon: invalid value 'soon' for option 'stuck_threshold_s': "
+                               "expected a number of seconds >= 0.01 and <= 604800"),
+])
+def test_an_option_error_names_what_was_typed_and_one_range(tmp_path: Path, typed: str, said: str) -> None:
+    """``-o`` values reach the program as variables, but the error is about what the user typed; -3, 0 and
+    'soon' get the one range that holds, not three different stories."""
+    from environ import child_environ
+
+    result = subprocess.run([sys.executable, "-m", "otel_training.cli.main", "run", "-o", typed, "--", "true"],
+                            capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=child_environ())
+    assert result.returncode == 2
+    assert said in result.stderr and "environment variable" not in result.stderr and "Traceback" not in result.stderr

@@ -55,17 +55,21 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     # ours waking in the training process (docs/offload.md); -o offload=false keeps them in this process.
     offload_given = ENV_PREFIX + "OFFLOAD" in env or any(
         item.partition("=")[0].strip().lower() == "offload" for item in args.option)
-    settings = [("exporter", args.exporter), ("output_dir", args.output_dir), ("service_name", args.service_name)]
+    settings = [("exporter", args.exporter, "--exporter"), ("output_dir", args.output_dir, "--output-dir"),
+                ("service_name", args.service_name, "--service-name")]
     for item in args.option:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ConfigError(f"--option {item!r}: expected NAME=VALUE")
-        settings.append((name.strip().lower(), value))
-    for name, value in settings:
-        if value is not None:
-            env[ENV_PREFIX + name.upper()] = value
-    # Fail here, before the job starts: a worker that cannot configure runs uninstrumented.
-    options = resolve({}, env)
+        settings.append((name.strip().lower(), value, f"-o {item}"))
+    given = {name: value for name, value, _ in settings if value is not None}
+    # Fail here, before the job starts: a worker that cannot configure runs uninstrumented. An error names
+    # what was typed (-o name=value), not the variable it is handed down in.
+    options = resolve(given, {key: value for key, value in env.items()
+                              if key not in {ENV_PREFIX + name.upper() for name in given}},
+                      given_as={name: flag for name, value, flag in settings if value is not None})
+    for name, value in given.items():
+        env[ENV_PREFIX + name.upper()] = value
     if not offload_given:
         from otel_training.pipeline.offload import offload_by_default
 

@@ -241,15 +241,19 @@ def resolve(
     arguments: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
     config_file: str | None = None,
+    *,
+    given_as: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Merge arguments, environment, file and defaults into one validated dict.
 
-    ``config_file`` overrides ``OTEL_TRAINING_CONFIG``. Raises ``ConfigError``.
+    ``config_file`` overrides ``OTEL_TRAINING_CONFIG``. ``given_as``: how the user wrote each argument, for the
+    error (``otel-training run``'s ``-o name=value``); ``configure(name=...)`` by default. Raises ``ConfigError``.
     """
     environ = os.environ if environ is None else environ
+    given_as = given_as or {}
     for name in arguments:
         if name not in OPTIONS_BY_NAME:
-            raise _unknown(name, "configure() arguments")
+            raise _unknown(name, given_as.get(name, "configure() arguments"))
     path = config_file or environ.get(ENV_CONFIG_FILE) or None
     file_values: dict[str, Any] = {}
     if path:
@@ -263,7 +267,7 @@ def resolve(
     resolved: dict[str, Any] = {}
     for option in OPTIONS:
         if option.name in arguments:
-            value, where = arguments[option.name], f"configure({option.name}=...)"
+            value, where = arguments[option.name], given_as.get(option.name, f"configure({option.name}=...)")
         elif option.env in environ:
             value, where = environ[option.env], f"environment variable {option.env}"
         elif option.name in file_values:

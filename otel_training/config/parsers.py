@@ -63,6 +63,8 @@ def _parse_seconds(value: Any) -> float:
             raise ValueError("expected a number of seconds")
     except OverflowError:  # an int beyond any float, e.g. 10**400
         raise ValueError(expected) from None
+    except ValueError:  # "soon": the range, not Python's "could not convert string to float"
+        raise ValueError(expected) from None
     if math.isnan(seconds) or not 0 <= seconds <= MAX_SECONDS:
         raise ValueError(expected)
     return seconds
@@ -135,10 +137,14 @@ def _parse_stuck_seconds(value: Any) -> float:
     """A stuck threshold or escalation interval: at least ``MIN_THRESHOLD_S``, at most a week."""
     from otel_training.processors.stuck import MIN_THRESHOLD_S
 
-    seconds = _parse_seconds(value)
+    expected = (f"expected a number of seconds >= {MIN_THRESHOLD_S} and <= {MAX_SECONDS} (a week; shorter than "
+                f"{MIN_THRESHOLD_S} s, a stuck span raises alerts every few milliseconds)")
+    try:
+        seconds = _parse_seconds(value)
+    except ValueError:  # one range, whatever was wrong: -3 and 0 are refused alike
+        raise ValueError(expected) from None
     if seconds < MIN_THRESHOLD_S:
-        raise ValueError(f"expected at least {MIN_THRESHOLD_S} s (shorter, a stuck span raises alerts every "
-                         "few milliseconds)")
+        raise ValueError(expected)
     return seconds
 
 
