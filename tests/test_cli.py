@@ -86,3 +86,15 @@ def test_an_option_error_names_what_was_typed_and_one_range(tmp_path: Path, type
                             capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path, env=child_environ())
     assert result.returncode == 2
     assert said in result.stderr and "environment variable" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_missing_or_empty_input_says_why_without_an_empty_summary(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    for path, why in ((tmp_path / "missing", "no such file or directory"),
+                      (tmp_path / "empty", "no OTLP JSON trace files")):
+        result = _cli("report", str(path), "--no-html")
+        assert result.returncode == 1
+        assert result.stdout == ""  # not "0 spans, 0 rank(s) ... stragglers: none"
+        lines = result.stderr.splitlines()
+        assert lines[0].startswith(f"otel-training report: {path}: {why}"), lines
+        assert lines[-1] == f"otel-training report: no spans to report on in {path}"

@@ -312,7 +312,7 @@ def test_report_cli_from_jaeger_summary_html_and_chrome(paging_jaeger: tuple[str
     assert f"{len(crafted.SPANS)} spans, 2 rank(s)" in out, out
     assert len(json.loads(chrome.read_text())["traceEvents"]) >= len(crafted.SPANS)
     assert main(["report", "--jaeger", url, "--service", "nobody", "--no-html"]) == 1
-    assert "no spans for service 'nobody'" in capsys.readouterr().out
+    assert "no spans for service 'nobody'" in capsys.readouterr().err  # the reason, on standard error
     assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--progress"]) == 0
     assert "fetching from Jaeger" in capsys.readouterr().err
     assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--job", "another"]) == 1

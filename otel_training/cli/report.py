@@ -132,6 +132,13 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
 
     to_stdout = args.json == "-"
     notes = sys.stderr if to_stdout else sys.stdout  # standard output holds the JSON alone
+    if not report.span_count and not to_stdout:
+        # Nothing read: the reasons, not an empty summary ("0 spans ... stragglers: none") with them last.
+        for problem in report.problems:
+            print(f"otel-training report: {problem}", file=sys.stderr)
+        print("otel-training report: no spans to report on" + (f" in {', '.join(map(str, paths))}" if paths else ""),
+              file=sys.stderr)
+        return 1
     print(render_json(report) if to_stdout else render_summary(report), end="" if to_stdout else "\n")
     status = 0
     if args.json and not to_stdout:
