@@ -316,8 +316,8 @@ def test_report_cli_from_jaeger_summary_html_and_chrome(paging_jaeger: tuple[str
     assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--progress"]) == 0
     assert "fetching from Jaeger" in capsys.readouterr().err
     assert main(["report", "--jaeger", url, "--service", "crafted", "--no-html", "--job", "another"]) == 1
-    out = capsys.readouterr().out
-    assert f"{url}: no spans found" in out and "otel-training-jaeger-" not in out  # not the spool's gone files
+    err = capsys.readouterr().err
+    assert f"{url}: no spans found" in err and "otel-training-jaeger-" not in err  # not the spool's gone files
 
 
 def test_jaeger_unreachable_is_a_problem_not_a_crash() -> None:
