@@ -98,3 +98,24 @@ def test_a_missing_or_empty_input_says_why_without_an_empty_summary(tmp_path: Pa
         lines = result.stderr.splitlines()
         assert lines[0].startswith(f"otel-training report: {path}: {why}"), lines
         assert lines[-1] == f"otel-training report: no spans to report on in {path}"
+
+
+def test_the_demo_ends_with_a_report_command_that_works_from_where_it_ran(tmp_path: Path) -> None:
+    """scripts/demo leaves otel-training in .venv/bin, which the user's PATH does not hold: the demo's last
+    line names the command as it can be run, and running it works."""
+    import os
+
+    pytest.importorskip("matplotlib", reason="the demo's HTML report needs the report extra (matplotlib)")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["PATH"] = "/usr/bin:/bin"  # a shell outside the virtualenv
+    result = subprocess.run([sys.executable, "-m", "otel_training.cli.main", "demo", "--epochs", "1", "--steps", "4",
+                             "--step-time", "0.002", "--no-stuck", "--output-dir", str(tmp_path / "traces")],
+                            capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    hint = last.partition("(")[2].rpartition(" for more)")[0]
+    command, _, rest = hint.partition(" report ")
+    assert command == str(Path(sys.executable).parent / "otel-training"), last
+    again = subprocess.run([command, "report", rest, "--no-html"], capture_output=True, text=True, timeout=120,
+                           check=False, env=env)
+    assert again.returncode == 0 and "goodput: " in again.stdout

@@ -157,7 +157,20 @@ def run(args: argparse.Namespace) -> int:
             job_id=str(telemetry.resource.attributes.get(sc.TRAINING_JOB_ID, "")) or None)
         print(summary_text)
         if html_path is not None:
-            print(f"html report: {html_path.resolve()}  (otel-training report {telemetry.trace_path.parent} for more)")
+            print(f"html report: {html_path.resolve()}  ({_command()} report {telemetry.trace_path.parent} for more)")
         else:
             print(f"({HTML_NEEDS})")
     return 0 if result.dropped == 0 else 1
+
+
+def _command() -> str:
+    """How to call ``otel-training`` from here: its name where the shell finds it, else its path (scripts/demo
+    leaves it in .venv/bin, which a new user's shell does not search)."""
+    import shutil
+    import sys
+
+    on_path = shutil.which("otel-training")
+    here = Path(sys.executable).parent / "otel-training"
+    if on_path is not None and (not here.exists() or Path(on_path).resolve() == here.resolve()):
+        return "otel-training"
+    return str(here) if here.exists() else f"{sys.executable} -m otel_training.cli.main"
