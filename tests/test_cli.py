@@ -119,3 +119,13 @@ def test_the_demo_ends_with_a_report_command_that_works_from_where_it_ran(tmp_pa
     again = subprocess.run([command, "report", rest, "--no-html"], capture_output=True, text=True, timeout=120,
                            check=False, env=env)
     assert again.returncode == 0 and "goodput: " in again.stdout
+
+
+def test_run_help_lists_every_option_name_that_o_takes() -> None:
+    from otel_training.config.options import OPTIONS
+
+    result = _cli("run", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # argparse wraps the epilog
+    listed = text.partition("options for -o (docs/configuration.md): ")[2]
+    assert [name.strip() for name in listed.split(",")] == [option.name for option in OPTIONS]

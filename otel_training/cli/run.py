@@ -23,11 +23,15 @@ SITE_DIR = str(Path(__file__).resolve().parent.parent / "integrations" / "auto" 
 
 
 def register(subparsers: Any) -> None:
+    from otel_training.config.options import OPTIONS
+
     parser = subparsers.add_parser(
         "run",
         help="run a training command auto-instrumented (e.g. run -- torchrun --nproc-per-node 2 train.py)",
         description="Run COMMAND with PyTorch auto-instrumentation; every Python process it starts "
         "(torchrun workers included) traces to its own rank's output.",
+        # The names -o takes, so nobody has to guess them (docs/configuration.md says what each does).
+        epilog="options for -o (docs/configuration.md): " + ", ".join(option.name for option in OPTIONS),
     )
     parser.add_argument("--exporter", help="otlp, file, console or none (OTEL_TRAINING_EXPORTER)")
     parser.add_argument("--output-dir", help="directory of the trace files (OTEL_TRAINING_OUTPUT_DIR)")
