@@ -129,3 +129,43 @@ def test_run_help_lists_every_option_name_that_o_takes() -> None:
     text = " ".join(result.stdout.split())  # argparse wraps the epilog
     listed = text.partition("options for -o (docs/configuration.md): ")[2]
     assert [name.strip() for name in listed.split(",")] == [option.name for option in OPTIONS]
+
+
+def test_the_readmes_own_loop_runs_as_written_and_counts_its_data_wait_as_data_loading(tmp_path: Path) -> None:
+    """The README's "Instrument your own loop" snippet, run as written with small stand-ins: the wait for each
+    batch is data_loading (not time outside the steps), and the evaluation and the checkpoint are there."""
+    import re
+    import time
+
+    from otel_training import semconv as sc
+    from otel_training.report import build_report, read_paths
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.partition("## Instrument your own loop")[2]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    snippet = snippet.replace("otel_training.configure()",
+                              f"otel_training.configure(reconfigure=True, exporter='file', "
+                              f"output_dir={str(tmp_path / 'traces')!r}, signal_hooks=False, exception_hooks=False)")
+
+    class Loader:
+        def __len__(self) -> int:
+            return 4
+
+        def __iter__(self):
+            for index in range(4):
+                time.sleep(0.05)  # the wait for data
+                yield [index] * 8
+
+    namespace = {"epochs": 2, "loader": Loader(), "train_step": lambda batch: time.sleep(0.01) or 0.5,
+                 "evaluate": lambda: time.sleep(0.01), "save_checkpoint": lambda path: None,
+                 "ckpt_path": str(tmp_path / "ckpt.pt")}
+    exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    import otel_training
+
+    otel_training.get_telemetry().shutdown(timeout_s=10)
+    report = build_report(read_paths([tmp_path / "traces"]).records)
+    seconds = report.goodput.seconds
+    assert seconds.get(sc.BADPUT_DATA_LOADING, 0.0) >= 8 * 0.05 * 0.9  # every batch's wait
+    assert seconds.get(sc.BADPUT_HOST_OUTSIDE_STEPS, 0.0) < 0.1
+    assert seconds.get(sc.BADPUT_EVALUATION, 0.0) > 0 and report.job_steps is not None
+    assert report.job_steps.count == 8

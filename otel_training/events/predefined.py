@@ -83,6 +83,11 @@ class TrainerProcess(Process):
         """A step whose attributes are valid as they are (an integration's own): nothing to convert."""
         return StepDuration(self, sc.SPAN_STEP, None, event_name="#step", attributes=attributes)
 
+    def data_wait(self, **content: Any) -> Duration:
+        """The wait for the next batch, inside a step (``batch = next(batches)``): counted as data loading, as
+        the torch instrumentor counts a blocking DataLoader fetch, not as the step's work or host time."""
+        return self._span(sc.SPAN_DATA_WAIT, "#data_wait", None, content)
+
     def substep(self, substep: int | None = None, **content: Any) -> Duration:
         return self._span(sc.SPAN_SUBSTEP, "#substep", _given(**{sc.SUBSTEP: substep}), content)
 
