@@ -156,3 +156,23 @@ def test_a_span_that_was_stuck_but_arrived_ended_still_gets_its_alert_and_recove
     quick.tracer.start_span(sc.SPAN_STEP, start_time=begun).end(end_time=begun + 29 * 10**9)
     quick.processor.tick()
     assert quick.alerts() == [] and quick.events == []
+
+
+def test_a_long_hang_logs_its_repeats_at_doubling_counts_and_exports_every_one(
+        detector, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    d = detector(threshold_s=3, first_threshold_s=3, escalation_s=3)
+    step = d.tracer.start_span(sc.SPAN_STEP, attributes={sc.STEP: 4})
+    with caplog.at_level(logging.INFO, logger="otel_training"):
+        for _ in range(30):  # a 90 s hang, alerted every 3 s
+            d.clock.now += 3
+            d.processor.tick()
+        step.end()
+        d.processor.tick()
+    stuck = [alert for alert in d.alerts() if alert.attributes[sc.ALERT_KIND] == sc.ALERT_KIND_STUCK]
+    assert len(stuck) == 30  # every alert exported
+    lines = [record.getMessage() for record in caplog.records if " stuck after " in record.getMessage()]
+    assert len(lines) == 5, lines  # alerts 1, 2, 4, 8 and 16
+    assert "alert 16, logged at 1, 2, 4, 8..." in lines[-1]
+    assert sum(" recovered after " in record.getMessage() for record in caplog.records) == 1

@@ -94,9 +94,14 @@ class AlertSink:
         self._export(span, context, attributes)
         self._counter.add(1, {sc.ALERT_KIND: kind, sc.ALERT_SPAN_NAME: span.name})
         level = logging.WARNING if kind == sc.ALERT_KIND_STUCK else logging.INFO
-        logger.log(level, "otel_training: %s %s (span %016x) %s after %.3f s (threshold %.3f s, %s)",
-                   span.name, _describe(span.attributes), context.span_id, kind, elapsed,
-                   threshold.seconds, threshold.source)
+        repeat = kind == sc.ALERT_KIND_STUCK and count > 1
+        # Every alert is exported; the log gets the first, then repeats 2, 4, 8...: a 90 s hang with a 3 s
+        # escalation wrote 30 lines to the training script's stderr.
+        if not repeat or count & (count - 1) == 0:
+            logger.log(level, "otel_training: %s %s (span %016x) %s after %.3f s (threshold %.3f s, %s)%s",
+                       span.name, _describe(span.attributes), context.span_id, kind, elapsed,
+                       threshold.seconds, threshold.source,
+                       f"; alert {count}, logged at 1, 2, 4, 8... (all are exported)" if repeat else "")
         return StuckEvent(kind, span.name, context, attributes, elapsed, threshold.seconds,
                           threshold.source, threshold.rule, count, stacks)
 
