@@ -41,7 +41,9 @@ def figures(report: Any) -> dict[str, Any]:
         "straggler_lines": report.straggler_lines(),
         "window_labels": [report.window_label(score.rank, score.worst_window) for score in report.stragglers
                           if score.worst_window is not None],
-        "alerts": [dataclasses.asdict(alert) for alert in report.alerts],
+        # The alerts' fields the frozen file has (the stuck span's id came later).
+        "alerts": [{name: value for name, value in dataclasses.asdict(alert).items() if name != "span_id"}
+                   for alert in report.alerts],
     }
 
 

@@ -554,3 +554,28 @@ def test_json_output_carries_every_figure_of_the_summary(tmp_path: Path) -> None
         [sys.executable, "-m", "otel_training.cli.main", "report", str(tmp_path / "traces"), "--no-html",
          "--json", "-"], capture_output=True, text=True, timeout=120, check=False)
     assert alone.returncode == 0 and json.loads(alone.stdout) == figures
+
+
+def test_the_html_timeline_shows_stuck_time_as_the_breakdown_counts_it_and_folds_repeat_alerts(
+        tmp_path: Path) -> None:
+    """A hung step was drawn productive (green) on the timeline while the breakdown said stuck; its thirty
+    repeat alerts each opened with every thread's stack."""
+    import types
+
+    from otel_training.report.digest import Alert
+    from otel_training.report.html import _alerts, stuck_intervals
+
+    crafted.write_otlp(tmp_path / "traces")
+    report = build_report(read_paths([tmp_path / "traces"]).records)
+    stuck = stuck_intervals(report)
+    assert sum(end - start for _, start, end in stuck) / 1e9 == pytest.approx(report.goodput.seconds[sc.BADPUT_STUCK])
+
+    def alert(kind: str, at: int, span_id: str = "00000000000000aa") -> Alert:
+        return Alert(rank=0, restart=0, time_ns=at * 10**9, kind=kind, span_name=sc.SPAN_STEP, elapsed_s=float(at),
+                     threshold_s=3.0, stacks="Thread 1 (most recent call first):\n  step" if kind == "stuck" else "",
+                     step=4, span_id=span_id)
+
+    page = _alerts(types.SimpleNamespace(alerts=[alert("stuck", 3), alert("stuck", 6), alert("stuck", 9),
+                                                 alert("recovered", 10), alert("stuck", 13, "00000000000000bb")]))
+    assert page.count("<details open>") == 2  # the first alert of each stuck span
+    assert page.count("(repeat)") == 2 and page.count("<details>") == 3

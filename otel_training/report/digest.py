@@ -20,7 +20,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunSummary, SpanRecord, span_label, times_step
-from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs
+from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs, normalize_span_id
 from otel_training.analysis.hang import HangTracker
 from otel_training.analysis.stragglers import window_bounds
 
@@ -52,6 +52,8 @@ class Alert:
     #: What the alert is about, where known: the step, and the device a device step ran on.
     step: int | None = None
     device: str = ""
+    #: The stuck span's id (``training.alert.span_id``): its repeats and its recovery name the same one.
+    span_id: str = ""
 
     @property
     def about(self) -> str:
@@ -97,6 +99,7 @@ def alert_of(rank: int, restart: int, time_ns: int, attributes: dict[str, Any]) 
         stacks=str(attributes.get(sc.ALERT_STACKS, "")),
         step=int_value(attributes.get(sc.STEP)),
         device=str(attributes.get(sc.DEVICE, "")),
+        span_id=normalize_span_id(attributes.get(sc.ALERT_SPAN_ID, "")),
     )
 
 
