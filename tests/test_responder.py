@@ -28,7 +28,7 @@ def _answering_pair() -> tuple[Requests, Responder, list[bytes]]:
     def write(payload: bytes, begin: bool | None, deadline: float) -> bool:
         written.append(payload)
         record = marshal.loads(payload)
-        requests.deliver(record[1], record[2])
+        requests.deliver(record[1], record[2], record[3])
         return True
 
     return requests, Responder(asked, write, exit=lambda code: None), written
@@ -46,8 +46,19 @@ def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() ->
     worker = threading.Thread(target=stuck_in_the_step, name="trainer")
     worker.start()
     stuck.wait(30)
-    stacks, source, missing = requests.stacks(worker.ident)
+    from otel_training.processors import alert_context
+
+    def the_collective() -> dict[str, object]:
+        return {"training.collective.pending": True, "training.collective.op": "allreduce"}
+
+    alert_context.add(the_collective)  # what the torch instrumentor registers in a training process
+    try:
+        stacks, source, missing, context = requests.stacks(worker.ident)
+    finally:
+        alert_context.remove(the_collective)
     release.set()
+    # The alert context goes across with the stacks: the drain's detector has no collective tracker of its own.
+    assert context == {"training.collective.pending": True, "training.collective.op": "allreduce"}
     worker.join()
     assert missing is None and source is None and stacks is not None  # the process's own Python took them
     assert stacks.startswith(f"Thread trainer ({worker.ident}) (the stuck span's thread)")
@@ -62,13 +73,13 @@ def test_a_process_that_does_not_answer_leaves_the_alert_on_time_and_says_why() 
     asked, ask = os.pipe()  # nobody reads ``asked``: a process frozen with the GIL held
     requests = Requests(ask, os.getpid(), exit_wait_s=1, wait_s=0.05)
     started = time.monotonic()
-    stacks, source, missing = requests.stacks(1234)
-    assert stacks is None and source is None and missing is not None
+    stacks, source, missing, context = requests.stacks(1234)
+    assert stacks is None and source is None and missing is not None and context is None
     assert "did not send its stacks within 50 ms" in missing
     assert time.monotonic() - started < 5  # bounded (the wait is 50 ms; the margin is for a loaded machine)
     requests.deliver(1, "too late")  # an answer after its request gave up is dropped
     os.close(asked)
-    stacks, source, missing = requests.stacks(1234)
+    stacks, source, missing, _ = requests.stacks(1234)
     assert stacks is None and "could not be asked" in (missing or "")  # the training process is gone
     requests.close()
 

@@ -121,7 +121,7 @@ class Replayer:
 
     def __init__(self, telemetry: Telemetry, ids: _Recorded,
                  decode_fast: Callable[[bytes], tuple[Any, ...]] | None = None,
-                 on_stacks: Callable[[int, str], None] = lambda request_id, stacks: None) -> None:
+                 on_stacks: Callable[[int, str, Any], None] = lambda request_id, stacks, context: None) -> None:
         self.telemetry = telemetry
         self.ids = ids
         #: The C core's decoder of fast records (``_native.decode``); None: this drain reads marshal only, and
@@ -196,7 +196,7 @@ class Replayer:
             self.closed = True
             self.closing()
         elif kind == STACKS:
-            self.on_stacks(record[1], record[2])
+            self.on_stacks(record[1], record[2], record[3] if len(record) > 3 else None)
         elif kind == DEVICE:
             self.device_steps.device(record[1], record[2], record[3])
         elif kind == DEVICE_INFO:
@@ -272,7 +272,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     install_plugins(telemetry, requests, spans_of_this_process=False)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
-                        requests.deliver if requests is not None else lambda request_id, stacks: None)
+                        requests.deliver if requests is not None else lambda request_id, stacks, context: None)
     if extension is not None:  # from now on the training process may write fast records
         ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads

@@ -112,8 +112,9 @@ def check_record(record: Any) -> str | None:
         return None if good else "a flush record"
     if kind == CLOSE and type(kind) is int:
         return None if len(record) == 1 else "a close record"
-    if kind == STACKS and type(kind) is int:
-        good = len(record) == 3 and _int(record[1], 1, 1 << 63) and type(record[2]) is str
+    if kind == STACKS and type(kind) is int:  # (STACKS, request id, stacks[, the alert context])
+        good = len(record) in (3, 4) and _int(record[1], 1, 1 << 63) and type(record[2]) is str and (
+            len(record) == 3 or _mapping(record[3]))
         return None if good else "a stacks record"
     if kind == DEVICE and type(kind) is int:
         good = (len(record) == 4 and _int(record[1], 0, _U64) and _int(record[2], 0, DEVICE_FAILED + 1)

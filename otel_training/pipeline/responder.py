@@ -34,10 +34,13 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from otel_training._contain import log_once
 from otel_training._stacks import thread_stacks
-from otel_training.pipeline.records import STACKS
+from otel_training.pipeline.records import STACKS, plain
+from otel_training.processors import alert_context
+from otel_training.processors.stuck_actions import RemoteStacks
 
 logger = logging.getLogger("otel_training")
 _REQUEST = struct.Struct("<QQQ")  # kind, then (request id, thread id: 0 when none known) or (exit code, 0)
@@ -72,7 +75,11 @@ class Responder:
                 kind, value, thread_id = _REQUEST.unpack(request)
                 if kind == _ASK_STACKS:
                     stacks = thread_stacks(thread_id or None)
-                    self._write(marshal.dumps((STACKS, value, stacks)), None, time.monotonic() + _WRITE_WAIT_S)
+                    # And what this process's alerts carry (the collective the rank is inside): the drain's
+                    # detector has no collective tracker of its own.
+                    context = plain(dict(alert_context.collect()))
+                    self._write(marshal.dumps((STACKS, value, stacks, context)), None,
+                                time.monotonic() + _WRITE_WAIT_S)
                 elif kind == _ASK_EXIT:
                     self._exit(int(value))
         except Exception:  # noqa: BLE001 - never raise in the training process; the alerts go without stacks
@@ -104,43 +111,44 @@ class Requests:
         self._next = 0
         self._waiting: dict[int, list[object]] = {}
 
-    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None, str | None]:
-        """The training process's stacks, the stuck thread's first, within ``wait_s``; else py-spy's (with
-        ``watchdog=True``), or none and why (``RemoteProcess.stacks``)."""
-        stacks, missing = self._ask_for_stacks(thread_id)
+    def stacks(self, thread_id: int | None) -> RemoteStacks:
+        """The training process's stacks, the stuck thread's first, and its alert context, within ``wait_s``;
+        else py-spy's stacks (with ``watchdog=True``), or none and why (``RemoteProcess.stacks``)."""
+        stacks, missing, context = self._ask_for_stacks(thread_id)
         if stacks is not None or not self._py_spy:
-            return stacks, None, missing
+            return RemoteStacks(stacks, None, missing, context)
         from otel_training.watchdog.monitor import py_spy_stacks  # only for a process that does not answer
 
         stacks, error = py_spy_stacks(self._pid)
-        return stacks, "py-spy" if stacks is not None else None, None if stacks is not None else f"{missing}; {error}"
+        return RemoteStacks(stacks, "py-spy" if stacks is not None else None,
+                            None if stacks is not None else f"{missing}; {error}", context)
 
-    def _ask_for_stacks(self, thread_id: int | None) -> tuple[str | None, str | None]:
+    def _ask_for_stacks(self, thread_id: int | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
         with self._lock:
             self._next += 1
             request_id = self._next
             answered = threading.Event()
-            slot: list[object] = [None, answered]
+            slot: list[object] = [None, answered, None]
             self._waiting[request_id] = slot
         try:
             try:
                 os.write(self._fd, _REQUEST.pack(_ASK_STACKS, request_id, thread_id or 0))
             except OSError as error:
-                return None, f"the training process could not be asked for its stacks ({error.strerror})"
+                return None, f"the training process could not be asked for its stacks ({error.strerror})", None
             if answered.wait(self._wait_s):
-                return slot[0], None  # type: ignore[return-value]
+                return slot[0], None, slot[2]  # type: ignore[return-value]
             return None, (f"the training process did not send its stacks within {self._wait_s * 1000:.0f} ms "
-                          "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)")
+                          "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)"), None
         finally:
             with self._lock:
                 self._waiting.pop(request_id, None)
 
-    def deliver(self, request_id: int, stacks: str) -> None:
+    def deliver(self, request_id: int, stacks: str, context: dict[str, Any] | None = None) -> None:
         """A ``STACKS`` record read from the ring (an answer too late for its request is dropped)."""
         with self._lock:
             slot = self._waiting.get(request_id)
         if slot is not None:
-            slot[0] = stacks
+            slot[0], slot[2] = stacks, context
             slot[1].set()  # type: ignore[attr-defined]
 
     def signal(self, signum: int) -> None:

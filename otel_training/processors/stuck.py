@@ -339,10 +339,11 @@ class StuckSpanProcessor(SpanProcessor):
         elapsed = now - entry.start
         if self._slot is not None:
             self._slot.alerted(entry.span.context.span_id)
-        stacks, source, missing = (self._remote.stacks(entry.thread_id) if self._remote is not None
-                                   else (thread_stacks(entry.thread_id) if self._stacks else None, None, None))
+        remote = self._remote.stacks(entry.thread_id) if self._remote is not None else None
+        stacks, source, missing, context = remote if remote is not None else (
+            thread_stacks(entry.thread_id) if self._stacks else None, None, None, None)
         event = self._sink.emit(sc.ALERT_KIND_STUCK, entry.span, entry.parent_context, entry.threshold,
-                                 entry.count, elapsed, stacks, missing, source)
+                                 entry.count, elapsed, stacks, missing, source, context)
         if entry.span.is_recording():
             entry.span.add_event(sc.EVENT_ALERT, {
                 sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_ELAPSED_S: elapsed,

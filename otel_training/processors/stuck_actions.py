@@ -12,8 +12,8 @@ import logging
 import os
 import signal as signal_module
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from otel_training._contain import log_once
 
@@ -32,13 +32,25 @@ def log_internal(where: str) -> None:
     log_once(f"stuck:{where}", "otel_training: internal error in the stuck detector (%s); training continues", where)
 
 
+class RemoteStacks(NamedTuple):
+    """What another process says when its span is stuck: its stacks and what else its alerts carry."""
+
+    stacks: str | None
+    #: Who took them, when not the process's own Python (e.g. "py-spy").
+    source: str | None
+    #: Why they are missing.
+    missing: str | None
+    #: Its ``alert_context`` (e.g. the collective the rank is inside: ``training.collective.*``); None when it
+    #: did not answer.
+    context: Mapping[str, Any] | None = None
+
+
 class RemoteProcess(Protocol):
     """The process whose spans a detector watches, when that is another process (the offload drain watches
     the training process's spans): where its stacks come from, and how its actions reach it."""
 
-    def stacks(self, thread_id: int | None) -> tuple[str | None, str | None, str | None]:
-        """(every thread's stack, ``thread_id``'s first; who took them, when not the process's own Python, e.g.
-        "py-spy"; why they are missing); bounded in time."""
+    def stacks(self, thread_id: int | None) -> RemoteStacks:
+        """Every thread's stack, ``thread_id``'s first, and the process's alert context; bounded in time."""
 
     def signal(self, signum: int) -> None:
         """Send it ``signum``."""

@@ -66,9 +66,10 @@ class AlertSink:
 
     def emit(self, kind: str, span: Span, parent_context: Context | None, threshold: Threshold, count: int,
              elapsed: float, stacks: str | None, stacks_missing: str | None = None,
-             stacks_source: str | None = None) -> StuckEvent:
+             stacks_source: str | None = None, process_context: Mapping[str, Any] | None = None) -> StuckEvent:
         """``stacks_missing``: why the stacks could not be taken (``training.alert.stacks.error``);
-        ``stacks_source``: who took them, when not the process's own Python (``training.alert.stacks.source``)."""
+        ``stacks_source``: who took them, when not the process's own Python (``training.alert.stacks.source``);
+        ``process_context``: the stuck span's process's ``alert_context``, when that is another process."""
         context = span.get_span_context()
         attributes: dict[str, Any] = {}
         parent = trace_api.get_current_span(parent_context) if parent_context is not None else None
@@ -76,8 +77,8 @@ class AlertSink:
         if parent_attributes and sc.EPOCH in parent_attributes:
             attributes[sc.EPOCH] = parent_attributes[sc.EPOCH]
         attributes.update(span.attributes or {})
-        if kind == sc.ALERT_KIND_STUCK:
-            attributes.update(alert_context.collect())  # e.g. the collective this rank is inside
+        if kind == sc.ALERT_KIND_STUCK:  # e.g. the collective this rank is inside: the span's process's own
+            attributes.update(alert_context.collect() if process_context is None else process_context)
         attributes.update(alert_attributes(kind, sc.ALERT_SOURCE_PROCESSOR, count, span.name, context.span_id,
                                            elapsed, threshold.seconds, threshold.source))
         attributes[sc.ALERT_THRESHOLD_RULE] = threshold.rule
