@@ -62,7 +62,8 @@ def main() -> int:
     args = parser.parse_args()
 
     out = tempfile.mkdtemp(prefix="bench-collectives-")
-    telemetry = otel_training.configure(output_dir=out, signal_hooks=False, exception_hooks=False)
+    telemetry = otel_training.configure(output_dir=out, signal_hooks=False, exception_hooks=False,
+                                        offload=False)  # as measured: the in-process pipeline
     instrumentor = TorchInstrumentor()
     instrumentor.instrument()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

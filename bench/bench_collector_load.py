@@ -96,7 +96,7 @@ def rank_main(rank: int, world: int, job_id: str, args: argparse.Namespace, read
 
     telemetry = otel_training.configure(
         exporter="otlp", rank=rank, world_size=world, job_id=job_id, service_name="bench-collector-load",
-        metrics=False, goodput=False, exception_hooks=False, signal_hooks=False,
+        metrics=False, goodput=False, exception_hooks=False, signal_hooks=False, offload=False,
     )
     trainer = otel_training.TrainerProcess()
     ready.wait(timeout=120)  # every rank set up: start together

@@ -54,7 +54,7 @@ class NoOpDevice:
 
 def _configure(output: str, **options) -> otel_training.Telemetry:
     return otel_training.configure(reconfigure=True, output_dir=output, exporter="none", metrics=False,
-                                   signal_hooks=False, exception_hooks=False, **options)
+                                   signal_hooks=False, exception_hooks=False, **{"offload": False, **options})
 
 
 def record_cost(factory, pairs: int = 20000) -> float:

@@ -45,7 +45,7 @@ BATCH = 512
 
 def trainer_spans(count: int) -> list[ReadableSpan]:
     telemetry = otel_training.configure(reconfigure=True, exporter="none", metrics=False, goodput=False,
-                                        signal_hooks=False, exception_hooks=False)
+                                        signal_hooks=False, exception_hooks=False, offload=False)
     memory = InMemorySpanExporter()
     telemetry.add_span_processor(SimpleSpanProcessor(memory))
     trainer = otel_training.TrainerProcess()

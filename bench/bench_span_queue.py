@@ -132,8 +132,9 @@ def main() -> None:
                 environ = {"OTEL_TRAINING_EXPORTER": exporter}
                 if policy == "offload":
                     environ["OTEL_TRAINING_OFFLOAD"] = "true"
-                else:
+                else:  # the in-process span queue's policies (offload is the default wherever it runs)
                     environ["OTEL_TRAINING_SPAN_QUEUE_POLICY"] = policy
+                    environ["OTEL_TRAINING_OFFLOAD"] = "false"
                 if exporter == "file":
                     out = Path(tempfile.mkdtemp(dir=work))
                     run = _run(args.steps, args.rate, {**environ, "OTEL_TRAINING_OUTPUT_DIR": str(out)})

@@ -24,6 +24,7 @@ import statistics
 import threading
 
 import pytest
+from typing import Any
 from fake_device import FakeDevice
 from otlp_json import read_spans
 
@@ -128,6 +129,13 @@ def test_a_stalled_kernel_is_alerted_on_its_own_step_then_recovered(configure, f
     summary = render_summary(build_report(read_paths([telemetry.trace_path]).records))
     assert "training.device_step step 12 on fake:0 stuck after" in summary
 
+
+
+@pytest.fixture
+def configure(configure: Any) -> Any:
+    """The in-process timeline (its Python resolver, its detector read here): offload off. The offloaded one is
+    tests/test_device_native.py's (the C core's resolver) and test_offload.py's (the fallback's)."""
+    return lambda **options: configure(**{"offload": False, **options})
 
 def test_the_host_blocked_inside_a_later_step_raises_no_alert_of_its_own(configure, fake) -> None:
     # With a sync every 10 steps the host runs ahead of the stalled step 12 and blocks inside a later

@@ -279,7 +279,7 @@ def test_a_throwing_exporter_never_breaks_the_loop(configure, monkeypatch: pytes
         raise OSError("disk on fire")
 
     monkeypatch.setattr(OtlpJsonFileSpanExporter, "export", broken_export)
-    telemetry = configure(exporter="file")
+    telemetry = configure(exporter="file", offload=False)
     trainer = otel_training.TrainerProcess()
     for step in range(50):
         with trainer.step(global_step=step):
@@ -314,7 +314,7 @@ class _BrokenProcessor:
 
 
 def test_a_raising_span_processor_never_breaks_the_loop(configure) -> None:
-    telemetry = configure(exporter="file")
+    telemetry = configure(exporter="file", offload=False)
     broken = _BrokenProcessor()
     telemetry.add_span_processor(broken)
     trainer = otel_training.TrainerProcess()

@@ -86,7 +86,7 @@ def test_a_batch_after_disk_full_starts_on_its_own_line(tmp_path: Path, full_dis
 def test_a_deleted_output_directory_is_recreated_and_later_spans_land_in_it(
         configure, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     output_dir = tmp_path / "traces"
-    telemetry = configure(exporter="file", output_dir=str(output_dir), metrics=False)
+    telemetry = configure(exporter="file", output_dir=str(output_dir), metrics=False, offload=False)
     trainer = otel_training.TrainerProcess()
     for step in range(5):
         with trainer.step(global_step=step):

@@ -144,7 +144,7 @@ def test_an_open_span_holds_back_classification_until_it_ends() -> None:
 def test_configure_installs_it_and_the_file_exporter_writes_the_metrics(configure) -> None:
     import otel_training
 
-    telemetry = configure(exporter="file")
+    telemetry = configure(exporter="file", offload=False)
     trainer = otel_training.TrainerProcess()
     with trainer.train():
         for step in range(12):
@@ -162,7 +162,7 @@ def test_configure_installs_it_and_the_file_exporter_writes_the_metrics(configur
 
 
 def test_goodput_option_off_installs_nothing(configure) -> None:
-    telemetry = configure(exporter="none", goodput=False)
+    telemetry = configure(exporter="none", goodput=False, offload=False)
     processors = telemetry.tracer_provider._active_span_processor._span_processors  # noqa: SLF001
     assert not any(isinstance(processor, GoodputSpanProcessor) for processor in processors)
 

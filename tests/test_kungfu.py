@@ -45,7 +45,7 @@ def test_monitor_calls_become_nested_step_epoch_and_train_spans(configure: Calla
 
 
 def test_a_batch_without_end_is_reported_stuck(configure: Callable[..., object]) -> None:
-    telemetry = configure(exporter="file", stuck_threshold_s=0.2)
+    telemetry = configure(exporter="file", stuck_threshold_s=0.2, offload=False)
     events = []
     telemetry.stuck.add_callback(events.append)  # type: ignore[union-attr]
     kungfu.monitor_batch_begin()

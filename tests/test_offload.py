@@ -518,3 +518,23 @@ def test_offloaded_the_job_ends_within_its_exit_budget_when_the_collector_is_gon
     assert exited < 1.8, f"the training process exited {exited:.2f} s after its loop (budget 1 s)"
     assert ended < 1.8 + 1.5, f"the drain ended {ended:.2f} s after the loop (budget 1 s after the close)"
     assert "100 span(s) were not delivered" in stderr
+
+
+def test_configure_offloads_by_default_and_says_how_to_keep_processors_in_process(
+        configure: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.pipeline.offload import OffloadTelemetry
+
+    telemetry = configure(exporter="file")  # no offload given: "auto"
+    assert isinstance(telemetry, OffloadTelemetry) and telemetry.options["offload"] is True
+    processor = SimpleSpanProcessor(InMemorySpanExporter())
+    for target in (telemetry, telemetry.tracer_provider):  # the handle, and the global provider SDK code calls
+        with pytest.raises(ConfigError, match=r"offloaded.*configure\(offload=False\)"):
+            target.add_span_processor(processor)
+    assert not isinstance(configure(exporter="console"), OffloadTelemetry)  # it prints here
+    monkeypatch.setenv("OTEL_TRAINING_OFFLOAD", "false")
+    kept = configure(exporter="file")
+    assert not isinstance(kept, OffloadTelemetry) and kept.stuck is None
+    kept.add_span_processor(processor)  # in-process: yours, as before

@@ -563,7 +563,8 @@ def test_the_html_timeline_shows_stuck_time_as_the_breakdown_counts_it_and_folds
     import types
 
     from otel_training.report.digest import Alert
-    from otel_training.report.html import _alerts, stuck_intervals
+    from otel_training.report.alerts_view import alerts_html as _alerts
+    from otel_training.report.alerts_view import stuck_intervals
 
     crafted.write_otlp(tmp_path / "traces")
     report = build_report(read_paths([tmp_path / "traces"]).records)

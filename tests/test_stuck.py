@@ -244,7 +244,7 @@ def test_thread_stacks_are_bounded() -> None:
 def test_configure_exports_the_alert_to_the_file_at_once(configure: Callable[..., object], tmp_path: Path) -> None:
     from otel_training import TrainerProcess
 
-    telemetry = configure(stuck_threshold_s=0.2, exporter="file")
+    telemetry = configure(stuck_threshold_s=0.2, exporter="file", offload=False)
     telemetry.stuck.rules.first_threshold_s = None  # the first step gets no longer allowance
     trainer = TrainerProcess()
     with trainer.epoch(epoch=1):
@@ -338,7 +338,7 @@ def test_an_alert_being_raised_when_shutdown_begins_is_delivered(configure, monk
     the alert ended after it and was counted as dropped."""
     from otel_training.processors import stuck as stuck_module
 
-    telemetry = configure(stuck_threshold_s=0.05, exporter="file", metrics=False)
+    telemetry = configure(stuck_threshold_s=0.05, exporter="file", metrics=False, offload=False)
     detector = telemetry.stuck
     in_alert, resume = threading.Event(), threading.Event()
 
@@ -397,7 +397,7 @@ def test_a_stop_right_after_the_watcher_found_an_alert_due_still_raises_it() -> 
 
 
 def test_a_detector_a_user_added_is_stopped_before_the_last_flush_too(configure) -> None:
-    telemetry = configure(exporter="file", metrics=False)
+    telemetry = configure(exporter="file", metrics=False, offload=False)
     mine = StuckSpanProcessor(3600.0, [sc.SPAN_STEP])
     telemetry.add_span_processor(mine)
     order: list[str] = []

@@ -182,7 +182,7 @@ def test_a_clean_exit_raises_nothing_and_the_watchdog_leaves(tmp_path: Path) -> 
         """
         import otel_training
         telemetry = otel_training.configure(exporter="file", output_dir="traces", stuck_threshold_s=5,
-                                            watchdog=True)
+                                            watchdog=True, offload=False)  # the sidecar: in-process only
         trainer = otel_training.TrainerProcess()
         for step in range(20):
             with trainer.step(global_step=step):

@@ -119,7 +119,9 @@ def train(args: argparse.Namespace, trainer: Any, checkpoint_dir: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     import otel_training
 
-    options: dict[str, Any] = {}
+    # In this process: the demo counts its spans and prints its alerts with processors of its own, which an
+    # offloaded pipeline (the default) would run in the drain process (docs/offload.md).
+    options: dict[str, Any] = {"offload": False}
     if args.output_dir:
         options["output_dir"] = args.output_dir
     if args.exporter:

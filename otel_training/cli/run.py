@@ -74,7 +74,7 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
                       given_as={name: flag for name, value, flag in settings if value is not None})
     for name, value in given.items():
         env[ENV_PREFIX + name.upper()] = value
-    if not offload_given:
+    if not offload_given or options["offload"] == "auto":
         from otel_training.pipeline.offload import offload_by_default
 
         options["offload"] = offload_by_default(options["native"])

@@ -27,6 +27,7 @@ from otel_training.config.parsers import (
     _non_negative,
     _optional,
     _parse_bool,
+    _parse_bool_or_auto,
     _parse_exit_code,
     _parse_int,
     _parse_path,
@@ -86,10 +87,12 @@ OPTIONS: tuple[Option, ...] = (
            "Bound of each process's spool file, in MiB; past it undelivered spans are dropped and counted."),
     Option("span_queue_max_wait_s", _parse_seconds, 0.5,
            "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
-    Option("offload", _parse_bool, False,
+    Option("offload", _parse_bool_or_auto, "auto",
            "Build, process and export spans in a drain process: this process only writes records to shared "
            "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL; the drain also "
-           "does the stuck detector's and the watchdog's work. Linux (x86-64; aarch64 with the C extension) "
+           "does the stuck detector's and the watchdog's work. Linux (x86-64; aarch64 with the C extension). "
+           "\"auto\" (the default): wherever it runs, except with the console exporter; false keeps spans, "
+           "your own span processors and the stuck detector's callbacks in this process "
            "([offload.md](offload.md))."),
     Option("native", _choice("auto", "on", "off"), "auto",
            'The offload path\'s core: "auto" takes the C extension built with the package and falls back to pure '

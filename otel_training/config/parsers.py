@@ -37,6 +37,16 @@ def _parse_bool(value: Any) -> bool:
     raise ValueError("expected a boolean (true/false)")
 
 
+def _parse_bool_or_auto(value: Any) -> bool | str:
+    """True, False, or "auto" (decided where the pipeline is built: offload where it runs)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _parse_bool(value)
+    except ValueError:
+        raise ValueError("expected auto or a boolean (true/false)") from None
+
+
 def _parse_int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("expected an integer, got a boolean")

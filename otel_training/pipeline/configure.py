@@ -75,6 +75,8 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
                 )
             return _current
         _current.shutdown(timeout_s=_current.options["exit_timeout_s"])
+    if resolved["offload"] == "auto":
+        resolved["offload"] = _offload_here(resolved)
     if resolved["offload"]:
         from otel_training.pipeline.offload import OffloadTelemetry
 
@@ -98,6 +100,14 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
 
     hooks.install(telemetry)
     return telemetry
+
+
+def _offload_here(resolved: dict[str, Any]) -> bool:
+    """``offload="auto"``: offloaded wherever offload runs (docs/offload.md), except where it would change what
+    the user watches in this process: the console exporter prints here, as it is read."""
+    from otel_training.pipeline.offload import offload_by_default
+
+    return resolved["exporter"] != "console" and offload_by_default(resolved["native"])
 
 
 def _stand_in(error: Exception) -> Telemetry:

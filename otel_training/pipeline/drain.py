@@ -54,7 +54,10 @@ from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
-_CLOSE_PAYLOAD = marshal.dumps((CLOSE,))
+#: How a close record's bytes begin (marshal: a tuple, then the int CLOSE); and what the drain gives its last
+#: export past the training process's own deadline.
+_CLOSE_PREFIX = marshal.dumps((CLOSE, 0.0))[:6]
+_LAST_EXPORT_S = 0.25
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: How long the drain sleeps when the ring is empty, and how often it publishes its counts.
 POLL_S = 0.002
@@ -146,8 +149,8 @@ class Replayer:
 
     def apply_all(self, payloads: list[bytes]) -> None:
         decode_fast = self.decode_fast
-        if self.exit_deadline is None and payloads and payloads[-1] == _CLOSE_PAYLOAD:
-            self.closing()  # the training process's flush just before its close waits no longer than it
+        if self.exit_deadline is None and payloads and payloads[-1][:len(_CLOSE_PREFIX)] == _CLOSE_PREFIX:
+            self.closing(self._close_deadline(payloads[-1]))  # the flush just before it waits no longer
         for payload in payloads:
             try:  # a fast record's first byte is its type, 1 to 3, which no marshal record starts with
                 record = decode_fast(payload) if decode_fast is not None and payload[0] < 4 else marshal.loads(payload)
@@ -162,10 +165,22 @@ class Replayer:
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 self._refuse(record, "the SDK refused it")
 
-    def closing(self) -> None:
-        """The training process closed its pipeline or is gone: what is left gets ``exit_timeout_s``."""
+    def closing(self, deadline: float | None = None) -> None:
+        """The training process closed its pipeline (by its ``deadline``, when its close record says) or is
+        gone: what is left gets until then, or ``exit_timeout_s``, and a moment for the last export."""
         if self.exit_deadline is None:
-            self.exit_deadline = time.monotonic() + float(self.telemetry.options["exit_timeout_s"])
+            now = time.monotonic()
+            budget = float(self.telemetry.options["exit_timeout_s"])
+            self.exit_deadline = now + budget if deadline is None else min(now + budget,
+                                                                            max(deadline, now) + _LAST_EXPORT_S)
+
+    @staticmethod
+    def _close_deadline(payload: bytes) -> float | None:
+        try:
+            record = marshal.loads(payload)
+        except Exception:  # noqa: BLE001 - checked again, and counted, when it is applied
+            return None
+        return record[1] if len(record) == 2 and type(record[1]) is float else None
 
     def _refuse(self, record: Any, problem: str) -> None:
         """A record that does not decode: counted as one span lost (a damaged end record's span is discarded)."""
@@ -194,7 +209,7 @@ class Replayer:
             self.flush_token = record[1]
         elif kind == CLOSE:
             self.closed = True
-            self.closing()
+            self.closing(record[1] if len(record) == 2 else None)
         elif kind == STACKS:
             self.on_stacks(record[1], record[2], record[3] if len(record) > 3 else None)
         elif kind == DEVICE:

@@ -45,7 +45,7 @@ from otel_training.exporters.spool import spool_file
 from otel_training.pipeline.device_records import DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
-from otel_training.pipeline.record_tracer import RecordTracerProvider
+from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
 from otel_training.pipeline.records import CLOSE, FLUSH
 from otel_training.pipeline.responder import Responder
 from otel_training.pipeline.outputs import check_output_dir
@@ -231,7 +231,9 @@ class OffloadTelemetry(Telemetry):
         if ring is None or ring.closed:
             return False
         deadline = self.shutdown_deadline or time.monotonic() + self.options["exit_timeout_s"]
-        done = self._write_control(marshal.dumps((CLOSE,)), max(0.0, deadline - time.monotonic())) and self._wait(
+        # With this process's deadline (the machine's monotonic clock): the drain is done by then, not a whole
+        # exit budget later, so a job whose output it shares (a launcher's capture, a `| tee`) ends on time.
+        done = self._write_control(marshal.dumps((CLOSE, deadline)), max(0.0, deadline - time.monotonic())) and self._wait(
             lambda: ring.get(DRAIN_FIELDS["done"]) == 1, deadline)
         ring.close_writer()
         if done and self._drain is not None:
@@ -299,9 +301,7 @@ class OffloadTelemetry(Telemetry):
 
     def add_span_processor(self, processor: SpanProcessor) -> None:
         """Span processors run in the drain process: one added here would never see a span."""
-        raise ConfigError(f"cannot add {type(processor).__name__} to a pipeline with offload=True "
-                          "(OTEL_TRAINING_OFFLOAD): spans are built in the drain process; turn offload off to use "
-                          "your own span processor in this process (docs/offload.md)")
+        raise ConfigError(processor_refused(type(processor).__name__))
 
 
 _instances: weakref.WeakSet[OffloadTelemetry] = weakref.WeakSet()

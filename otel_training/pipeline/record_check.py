@@ -110,8 +110,9 @@ def check_record(record: Any) -> str | None:
         good = len(record) in (3, 4) and _int(record[1], 0, 1 << 63) and type(record[2]) in (int, float) \
             and 0 <= record[2] < 1e9 and (len(record) == 3 or (type(record[3]) is float and record[3] >= 0))
         return None if good else "a flush record"
-    if kind == CLOSE and type(kind) is int:
-        return None if len(record) == 1 else "a close record"
+    if kind == CLOSE and type(kind) is int:  # (CLOSE[, the writer's monotonic deadline])
+        good = len(record) == 1 or (len(record) == 2 and type(record[1]) is float and record[1] >= 0)
+        return None if good else "a close record"
     if kind == STACKS and type(kind) is int:  # (STACKS, request id, stacks[, the alert context])
         good = len(record) in (3, 4) and _int(record[1], 1, 1 << 63) and type(record[2]) is str and (
             len(record) == 3 or _mapping(record[3]))

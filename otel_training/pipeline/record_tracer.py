@@ -40,6 +40,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
+from otel_training.config.parsers import ConfigError
 from otel_training.pipeline.records import (BEGIN, END, SCOPE, Emit, FastRecords, encode, encode_links,
                                             encode_plain)
 
@@ -52,6 +53,15 @@ _CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _
 _KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
 #: Two threads ending one span (the signal path's ``end_open_spans`` and the span's own) write one end.
 _END_LOCK = threading.Lock()
+
+
+def processor_refused(name: str) -> str:
+    """Why a span processor cannot be added to an offloaded pipeline, and the switch that keeps it here."""
+    return (f"cannot add {name}: this pipeline is offloaded (option offload, OTEL_TRAINING_OFFLOAD; the default "
+            "wherever it runs), so spans are built in the drain process and a processor here would see none; "
+            "configure(offload=False) (OTEL_TRAINING_OFFLOAD=false) keeps the spans and your processors in this "
+            "process (docs/offload.md)")
+
 
 
 class RecordSpan(trace_api.Span):
@@ -305,6 +315,11 @@ class RecordTracerProvider(trace_api.TracerProvider):
         self.forked_spans = 0
         self.ring_drops = 0
         _providers.add(self)
+
+    def add_span_processor(self, processor: Any) -> None:
+        """What code written for the SDK's provider calls on the global one: refused, saying why and the switch
+        (an AttributeError would say neither)."""
+        raise ConfigError(processor_refused(type(processor).__name__))
 
     def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
                    schema_url: str | None = None, attributes: Mapping[str, Any] | None = None) -> RecordTracer:

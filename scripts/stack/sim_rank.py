@@ -53,7 +53,9 @@ def main() -> int:
         def on_end(self, span) -> None:  # noqa: ANN001 - SDK signature
             per_trace[f"{span.context.trace_id:032x}"] += 1
 
-    telemetry = otel_training.configure(metrics=False, goodput=False)
+    # In-process: it counts its spans per trace with a processor of its own (offloaded, the drain's pipeline
+    # would have them; docs/offload.md).
+    telemetry = otel_training.configure(metrics=False, goodput=False, offload=False)
     telemetry.add_span_processor(_PerTrace())
     trainer = otel_training.TrainerProcess()
     injected: list[dict] = []

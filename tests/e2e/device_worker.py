@@ -26,7 +26,8 @@ STEPS, STALL_STEP, HOLD_S = 30, 12, 8.0
 def main() -> None:
     fake = FakeDevice()
     device_probe.use_device(lambda: fake)
-    telemetry = otel_training.configure(stuck_threshold_s=float(sys.argv[1]))
+    # In-process: its on_stuck callback releases the hung kernel (offloaded, the detector is the drain's).
+    telemetry = otel_training.configure(stuck_threshold_s=float(sys.argv[1]), offload=False)
     gates: list[threading.Event] = []
 
     def on_alert(event) -> None:

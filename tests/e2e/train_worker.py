@@ -64,7 +64,7 @@ def main() -> int:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     args = parser.parse_args()
 
-    telemetry = otel_training.configure()
+    telemetry = otel_training.configure(offload=False)  # in-process: it counts its spans with its own processor
     counter = _SpanCounter()
     telemetry.add_span_processor(counter)
     rank = telemetry.rank
