@@ -27,6 +27,10 @@ SCRIPT = "scripts/stack/stack.py"
 
 def _print_endpoints(s: Stack) -> None:
     print(json.dumps(s.endpoints(), indent=2))
+    # Jaeger built from its Go modules has no UI assets: its page at that address says so and nothing more.
+    print(f"\n# jaeger serves its query API at {s.jaeger_url}, not the UI (a build from Go modules has no UI "
+          f"assets); for a page: otel-training report --jaeger {s.jaeger_url} --service NAME (HTML), or "
+          "--chrome FILE for Perfetto; the Docker compose stack runs the official image, UI included")
     print("\n# export to this stack from a training process:")
     for k, v in s.client_env().items():
         print(f"export {k}={v}")
@@ -62,7 +66,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         except StackError as exc:
             print(f"stack failed to start: {exc}", file=sys.stderr)
             return 1
-        print(f"stack is up; logs in {s.log_dir}; stop with: python {SCRIPT} down --run-dir {s.run_dir}")
+        print(f"stack is up; logs in {s.log_dir}; stop with: {sys.executable} {SCRIPT} down --run-dir {s.run_dir}")
         _print_endpoints(s)
         return 0
     try:
