@@ -627,14 +627,19 @@ static PyObject *device_poller_capture(DevicePoller *self, PyObject *argument) {
     Py_RETURN_NONE;
 }
 
+/* The counts as the dict stats() and close() return (device_records.STAT_KEYS names the same keys). */
+static PyObject *stats_dict(const ot_poller_stats *stats) {
+    return Py_BuildValue("{sKsKsKsKsKsK}", "marked", (unsigned long long)stats->marked, "resolved",
+                         (unsigned long long)stats->resolved, "dropped", (unsigned long long)stats->dropped,
+                         "refused", (unsigned long long)stats->refused, "failed", (unsigned long long)stats->failed,
+                         "pending", (unsigned long long)stats->pending);
+}
+
 static PyObject *device_poller_stats(DevicePoller *self, PyObject *unused) {
     (void)unused;
     ot_poller_stats stats = {0};
     if (poller_running(self)) ot_poller_stats_get(self->poller, &stats);
-    return Py_BuildValue("{sKsKsKsKsKsK}", "marked", (unsigned long long)stats.marked, "resolved",
-                         (unsigned long long)stats.resolved, "dropped", (unsigned long long)stats.dropped, "refused",
-                         (unsigned long long)stats.refused, "failed", (unsigned long long)stats.failed, "pending",
-                         (unsigned long long)stats.pending);
+    return stats_dict(&stats);
 }
 
 /* close(timeout_s) -> (stats, stopped): resolve what completes in time, stop the thread. stopped False: the
@@ -652,13 +657,7 @@ static PyObject *device_poller_close(DevicePoller *self, PyObject *argument) {
     self->poller = NULL;
     if (running) self->orphaned = 1; /* the ring stays referenced: no write reaches it after this, by the flag */
     else Py_CLEAR(self->ring);
-    return Py_BuildValue("(NO)", Py_BuildValue("{sKsKsKsKsKsK}", "marked", (unsigned long long)stats.marked,
-                                               "resolved", (unsigned long long)stats.resolved, "dropped",
-                                               (unsigned long long)stats.dropped, "refused",
-                                               (unsigned long long)stats.refused, "failed",
-                                               (unsigned long long)stats.failed, "pending",
-                                               (unsigned long long)stats.pending),
-                         running ? Py_False : Py_True);
+    return Py_BuildValue("(NO)", stats_dict(&stats), running ? Py_False : Py_True);
 }
 
 /* forget(): in a forked child, where the thread does not exist. */

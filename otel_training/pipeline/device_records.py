@@ -27,6 +27,8 @@ DRIVER = "libcuda.so.1"
 #: take no GIL; times come from the device's own clock, so this bounds only how late a step is seen.
 POLL_US = 1000
 IDLE_POLL_US = 5000
+#: The resolver's counts (``DevicePoller.stats``, the C core's ``stats_dict``).
+STAT_KEYS = ("marked", "resolved", "dropped", "refused", "failed", "pending")
 
 
 class DeviceRecorder:
@@ -71,7 +73,7 @@ class DeviceRecorder:
     def forget(self) -> None:
         """In a forked child, where the resolver's thread does not exist."""
         self.closed = True
-        self._final = dict.fromkeys(("marked", "resolved", "dropped", "refused", "failed", "pending"), 0)
+        self._final = dict.fromkeys(STAT_KEYS, 0)
         self._poller.forget()
 
 

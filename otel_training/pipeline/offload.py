@@ -42,7 +42,7 @@ from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
 from otel_training.config.options import ConfigError
 from otel_training.exporters.otlp_json import trace_file
 from otel_training.exporters.spool import spool_file
-from otel_training.pipeline.device_records import DeviceRecorder, start_recorder
+from otel_training.pipeline.device_records import STAT_KEYS, DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
@@ -128,7 +128,7 @@ class OffloadTelemetry(Telemetry):
 
     def device_stats(self) -> dict[str, int]:
         """The native device resolvers' counts (``DeviceRecorder.stats``), summed; zeros without one."""
-        total = dict.fromkeys(("marked", "resolved", "dropped", "refused", "failed", "pending"), 0)
+        total = dict.fromkeys(STAT_KEYS, 0)
         for recorder in self._recorders:
             for key, value in recorder.stats().items():
                 total[key] = total.get(key, 0) + value
