@@ -6,33 +6,11 @@
  * between them. Everything a caller may get wrong (a closed ring, a payload too big, a header offset) is a
  * return value or a Python exception, never a crash.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include <pthread.h>
-
+#include "binding.h"
 #include "device.h"
 #include "records.h"
 #include "ring.h"
 
-/* The header word where the drain says what it can read (bit OT_CAP_FAST_RECORDS: the records of records.h).
- * _ring.DRAIN_FIELDS["caps"] names the same word (tests/test_ring.py checks). */
-#define OT_F_CAPS 280u
-#define OT_CAP_FAST_RECORDS 1u
-
-typedef struct {
-    PyObject_HEAD
-    Py_buffer view; /* the mapping, held until release() */
-    int has_view;
-    int closed;
-    int has_lock;
-    pthread_mutex_t write_lock; /* every append: the device resolver's thread writes without the GIL */
-    ot_ring ring;
-    unsigned long long ends_written; /* end records written (kind 0) */
-    unsigned long long corrupt;      /* takes that found bytes that did not frame as records */
-    PyObject *trace_id;              /* the last trace id a child was begun in, and its two halves */
-    uint64_t trace_high, trace_low;
-} RingCore;
 
 static int ring_core_init(RingCore *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"buffer", "create", NULL};
@@ -65,6 +43,7 @@ static void ring_core_dealloc(RingCore *self) {
     if (self->has_view) PyBuffer_Release(&self->view);
     if (self->has_lock) pthread_mutex_destroy(&self->write_lock);
     Py_CLEAR(self->trace_id);
+    ot_py_span_release(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -189,7 +168,7 @@ static PyObject *ring_core_release(RingCore *self, PyObject *unused) {
 /* -- the fast records (records.h) ------------------------------------------------------------------------- */
 
 /* A text as UTF-8 without copying; 0, or -1 (no exception set) when it is not an exact str that encodes. */
-static int utf8_of(PyObject *text, ot_str *out) {
+int ot_py_utf8_of(PyObject *text, ot_str *out) {
     if (!PyUnicode_CheckExact(text)) return -1;
     Py_ssize_t length;
     const char *data = PyUnicode_AsUTF8AndSize(text, &length);
@@ -204,7 +183,7 @@ static int utf8_of(PyObject *text, ot_str *out) {
 }
 
 /* The attributes of a fast record; 0, or -1 (no exception set) when one is not bool, int64, float or str. */
-static int attributes_of(PyObject *attributes, ot_record *record) {
+int ot_py_attributes_of(PyObject *attributes, ot_record *record) {
     record->count = 0;
     if (attributes == Py_None) return 0;
     if (!PyDict_CheckExact(attributes) || PyDict_GET_SIZE(attributes) > OT_MAX_ATTRIBUTES) return -1;
@@ -212,7 +191,7 @@ static int attributes_of(PyObject *attributes, ot_record *record) {
     PyObject *key, *value;
     while (PyDict_Next(attributes, &position, &key, &value)) {
         ot_attribute *attribute = &record->attributes[record->count++];
-        if (utf8_of(key, &attribute->key)) return -1;
+        if (ot_py_utf8_of(key, &attribute->key)) return -1;
         if (value == Py_True || value == Py_False) {
             attribute->tag = OT_BOOL;
             attribute->value.integer = value == Py_True;
@@ -229,7 +208,7 @@ static int attributes_of(PyObject *attributes, ot_record *record) {
             attribute->value.number = PyFloat_AS_DOUBLE(value);
         } else if (PyUnicode_CheckExact(value)) {
             attribute->tag = OT_STR;
-            if (utf8_of(value, &attribute->value.text)) return -1;
+            if (ot_py_utf8_of(value, &attribute->value.text)) return -1;
         } else {
             return -1;
         }
@@ -237,14 +216,14 @@ static int attributes_of(PyObject *attributes, ot_record *record) {
     return 0;
 }
 
-static int fast_allowed(RingCore *self) {
+int ot_py_fast_allowed(RingCore *self) {
     uint64_t caps;
     return !self->closed && self->has_view && ot_ring_load(&self->ring, OT_F_CAPS, &caps) == 0 &&
            (caps & OT_CAP_FAST_RECORDS);
 }
 
 /* Encode and append; the payload as bytes when the ring refused it (the caller waits or drops), else None. */
-static PyObject *write_record(RingCore *self, const ot_record *record) {
+PyObject *ot_py_write_record(RingCore *self, const ot_record *record) {
     size_t size = ot_record_size(record);
     if (size == 0) return NULL; /* not encodable: no exception, the caller falls back */
     uint8_t stack[2048];
@@ -266,7 +245,7 @@ static PyObject *write_record(RingCore *self, const ot_record *record) {
     return result;
 }
 
-static int split_trace_id(RingCore *self, PyObject *trace_id, ot_record *record) {
+int ot_py_split_trace_id(RingCore *self, PyObject *trace_id, ot_record *record) {
     if (trace_id == self->trace_id) { /* the same trace as the last child: no arithmetic */
         record->trace_id_high = self->trace_high, record->trace_id_low = self->trace_low;
         return 0;
@@ -286,7 +265,7 @@ static int split_trace_id(RingCore *self, PyObject *trace_id, ot_record *record)
     return 0;
 }
 
-static PyObject *trace_id_object(uint64_t high, uint64_t low) {
+PyObject *ot_py_trace_id_object(uint64_t high, uint64_t low) {
     PyObject *high_object = PyLong_FromUnsignedLongLong(high), *low_object = PyLong_FromUnsignedLongLong(low);
     PyObject *shift = PyLong_FromLong(64), *shifted = NULL, *result = NULL;
     if (high_object && low_object && shift && (shifted = PyNumber_Lshift(high_object, shift)))
@@ -297,7 +276,7 @@ static PyObject *trace_id_object(uint64_t high, uint64_t low) {
 
 /* An int in [low, high] as a uint64, without running Python code: an int or a subclass (TraceFlags), whose
  * value C reads directly (no __index__); 0, or -1 (no exception set) when it is anything else. */
-static int exact_u64(PyObject *value, uint64_t low, uint64_t high, uint64_t *out) {
+int ot_py_exact_u64(PyObject *value, uint64_t low, uint64_t high, uint64_t *out) {
     if (!PyLong_Check(value)) return -1;
     unsigned long long result = PyLong_AsUnsignedLongLong(value);
     if (result == (unsigned long long)-1 && PyErr_Occurred()) {
@@ -310,7 +289,7 @@ static int exact_u64(PyObject *value, uint64_t low, uint64_t high, uint64_t *out
 }
 
 /* A time in ns: an int 0 <= t < 2**63 (read as exact_u64 reads), or -1 for "now". */
-static int exact_time(PyObject *value, int64_t *out) {
+int ot_py_exact_time(PyObject *value, int64_t *out) {
     if (PyLong_Check(value)) {
         int overflow;
         long long result = PyLong_AsLongLongAndOverflow(value, &overflow);
@@ -327,56 +306,8 @@ static int exact_time(PyObject *value, int64_t *out) {
     return -1;
 }
 
-/* begin(name, kind, attributes, scope, trace_id, parent_id, remote, flags, parent_flags, start) ->
- *   (trace_id, span_id, start, refused payload or None), or None when this span cannot be a fast record
- *   (the drain does not read them, the ring is closed, a value is not exactly what the tracer passes: exact
- *   ints in range, True or False, bool/int64/float/str attributes): then the caller writes its marshal record,
- *   which carries anything. trace_id 0: a new root (its id drawn here); start -1: now. No Python code runs
- *   here (exact types only), so nothing can release the ring or change the attributes between the checks and
- *   the write, and nothing raises but MemoryError. */
-static PyObject *ring_core_begin(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "begin() takes ten arguments");
-        return NULL;
-    }
-    ot_record record;
-    record.type = OT_RECORD_BEGIN;
-    uint64_t kind, scope, parent_id, flags, parent_flags, trace_id = 0;
-    int64_t start;
-    if (exact_u64(args[1], 0, 255, &kind) || exact_u64(args[3], 0, UINT32_MAX, &scope) ||
-        exact_u64(args[5], 0, UINT64_MAX, &parent_id) || (args[6] != Py_True && args[6] != Py_False) ||
-        exact_u64(args[7], 0, 3, &flags) || exact_u64(args[8], 0, 255, &parent_flags) ||
-        exact_time(args[9], &start) || utf8_of(args[0], &record.name))
-        Py_RETURN_NONE;
-    int root = PyLong_CheckExact(args[4]) && exact_u64(args[4], 0, 0, &trace_id) == 0; /* 0: a new root */
-    if (!root && split_trace_id(self, args[4], &record)) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (attributes_of(args[2], &record) || !fast_allowed(self)) Py_RETURN_NONE;
-    record.kind = (uint8_t)kind, record.flags = (uint8_t)flags, record.parent_flags = (uint8_t)parent_flags;
-    record.remote = args[6] == Py_True;
-    record.scope = (uint32_t)scope;
-    record.parent_id = parent_id;
-    if (root) record.trace_id_high = ot_random_id(), record.trace_id_low = ot_random_id();
-    record.span_id = ot_random_id();
-    record.time = start;
-    PyObject *refused = write_record(self, &record);
-    if (refused == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *trace_id_value = root ? trace_id_object(record.trace_id_high, record.trace_id_low) : Py_NewRef(args[4]);
-    if (trace_id_value == NULL) {
-        Py_DECREF(refused);
-        return NULL;
-    }
-    return Py_BuildValue("(NKLN)", trace_id_value, (unsigned long long)record.span_id, (long long)record.time,
-                         refused);
-}
-
 /* end(span_id, end, updates) -> (refused payload or None,), or None when this end cannot be a fast record
- * (the caller writes its marshal record). As begin(): exact values only, no Python code, no exception. */
+ * (the caller writes its marshal record). As begin_span() (span.c): exact values only, no Python code, no exception. */
 static PyObject *ring_core_end(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "end() takes three arguments");
@@ -384,10 +315,10 @@ static PyObject *ring_core_end(RingCore *self, PyObject *const *args, Py_ssize_t
     }
     ot_record record;
     record.type = OT_RECORD_END;
-    if (exact_u64(args[0], 1, UINT64_MAX, &record.span_id) || exact_time(args[1], &record.time) ||
-        attributes_of(args[2], &record) || !fast_allowed(self))
+    if (ot_py_exact_u64(args[0], 1, UINT64_MAX, &record.span_id) || ot_py_exact_time(args[1], &record.time) ||
+        ot_py_attributes_of(args[2], &record) || !ot_py_fast_allowed(self))
         Py_RETURN_NONE;
-    PyObject *refused = write_record(self, &record);
+    PyObject *refused = ot_py_write_record(self, &record);
     if (refused == NULL) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
@@ -442,7 +373,7 @@ static PyObject *native_decode(PyObject *module, PyObject *payload) {
                                : Py_BuildValue("(iKL)", 2, (unsigned long long)record->span_id, (long long)record->time);
     } else {
         PyObject *name = PyUnicode_DecodeUTF8(record->name.data, record->name.length, "strict");
-        PyObject *trace_id = name ? trace_id_object(record->trace_id_high, record->trace_id_low) : NULL;
+        PyObject *trace_id = name ? ot_py_trace_id_object(record->trace_id_high, record->trace_id_low) : NULL;
         if (trace_id != NULL)
             result = Py_BuildValue("(iKNKONLiOOkOii)", 1, (unsigned long long)record->span_id, trace_id,
                                    (unsigned long long)record->parent_id, record->remote ? Py_True : Py_False,
@@ -492,15 +423,23 @@ static PyMethodDef ring_core_methods[] = {
     {"store", (PyCFunction)(void (*)(void))ring_core_store, METH_FASTCALL,
      "store(offset, value): the header word at offset (release)"},
     {"release", (PyCFunction)ring_core_release, METH_NOARGS, "Close and let go of the buffer."},
-    {"begin", (PyCFunction)(void (*)(void))ring_core_begin, METH_FASTCALL,
-     "begin(name, kind, attributes, scope, trace_id, parent_id, remote, flags, parent_flags, start) -> "
-     "(trace_id, span_id, start, refused payload or None), or None: write the marshal record instead"},
+    {"span_setup", (PyCFunction)(void (*)(void))ot_py_span_setup, METH_FASTCALL,
+     "span_setup(span_type, context_type, trace_state, root_flags, child_flags): what begin_span() builds"},
+    {"begin_span", (PyCFunction)(void (*)(void))ot_py_begin_span, METH_FASTCALL,
+     "begin_span(provider, name, kind, kind_value, attributes, scope, parent, start, on_exception) -> the span "
+     "(its begin record written), or None when it cannot be a fast record (span.c)"},
     {"end", (PyCFunction)(void (*)(void))ring_core_end, METH_FASTCALL,
      "end(span_id, end, updates) -> (refused payload or None,), or None: write the marshal record instead"},
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *get_span_core(RingCore *self, void *unused) {
+    (void)self, (void)unused;
+    return Py_NewRef((PyObject *)&SpanCoreType);
+}
+
 static PyGetSetDef ring_core_getset[] = {
+    {"span_core", (getter)get_span_core, NULL, "The C base of begin_span()'s span class (span.c).", NULL},
     {"closed", (getter)get_closed, (setter)set_closed, "Appends are refused (3) once set.", NULL},
     {"capacity", (getter)get_u64, NULL, "Data bytes.", (void *)0},
     {"read_seen", (getter)get_u64, NULL, "The reader's position as the writer last saw it.", (void *)1},
@@ -588,7 +527,7 @@ static int poller_running(DevicePoller *self) {
 }
 
 static int device_args(PyObject *const *args, uint64_t *token, uint64_t *which) {
-    return exact_u64(args[0], 0, UINT64_MAX, token) || exact_u64(args[1], 0, 1, which);
+    return ot_py_exact_u64(args[0], 0, UINT64_MAX, token) || ot_py_exact_u64(args[1], 0, 1, which);
 }
 
 /* mark(token, which, stream) -> True queued; False: time this one on the host (a capture, a full queue, a
@@ -599,7 +538,7 @@ static PyObject *device_poller_mark(DevicePoller *self, PyObject *const *args, P
         return NULL;
     }
     uint64_t token, which, stream;
-    if (!poller_running(self) || device_args(args, &token, &which) || exact_u64(args[2], 0, UINTPTR_MAX, &stream))
+    if (!poller_running(self) || device_args(args, &token, &which) || ot_py_exact_u64(args[2], 0, UINTPTR_MAX, &stream))
         Py_RETURN_FALSE;
     return PyBool_FromLong(ot_poller_mark(self->poller, token, (uint8_t)which, (void *)(uintptr_t)stream));
 }
@@ -611,7 +550,7 @@ static PyObject *device_poller_host(DevicePoller *self, PyObject *const *args, P
         return NULL;
     }
     uint64_t token, which, ns;
-    if (!poller_running(self) || device_args(args, &token, &which) || exact_u64(args[2], 0, INT64_MAX, &ns))
+    if (!poller_running(self) || device_args(args, &token, &which) || ot_py_exact_u64(args[2], 0, INT64_MAX, &ns))
         Py_RETURN_FALSE;
     return PyBool_FromLong(ot_poller_host(self->poller, token, (uint8_t)which, (int64_t)ns));
 }
@@ -721,13 +660,15 @@ static struct PyModuleDef native_module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0) return NULL;
+    if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0 || PyType_Ready(&SpanCoreType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "RingCore", (PyObject *)&RingCoreType) < 0 ||
         PyModule_AddObjectRef(module, "DevicePoller", (PyObject *)&DevicePollerType) < 0 ||
+        PyModule_AddObjectRef(module, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 3) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 4) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -30,6 +30,7 @@ __all__ = [
     "batch_queue_length",
     "instrumentation_check",
     "is_proxy_meter_provider",
+    "SPAN_CONTEXT_IS_TUPLE",
     "span_fields",
     "span_pipeline",
     "tracer_for_pipeline",
@@ -134,6 +135,31 @@ def _reads_sdk_fields() -> bool:
 
 #: Whether ``span_fields`` and ``attribute_items`` read the SDK's fields (else its public properties).
 READS_SDK_FIELDS = _reads_sdk_fields()
+
+
+def _span_context_is_tuple() -> bool:
+    """Whether the API's ``SpanContext`` is the 6-tuple (trace id, span id, is_remote, flags, trace state,
+    is_valid) that ``tuple.__new__`` makes, as its own ``__new__`` does.
+
+    The C core builds the contexts of offloaded spans that way (``native/span.c``), without the Python
+    ``__new__`` and its range checks (its ids are valid by construction), and reads a parent's the same way. An
+    API that stores them otherwise keeps the Python path (``record_tracer.RecordTracer.start_span``).
+    """
+    from opentelemetry.trace import DEFAULT_TRACE_STATE, TraceFlags
+
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    try:
+        made = SpanContext(5, 7, False, flags, DEFAULT_TRACE_STATE)
+        built = tuple.__new__(SpanContext, (5, 7, False, flags, DEFAULT_TRACE_STATE, True))
+        return (isinstance(made, tuple) and tuple(made) == (5, 7, False, flags, DEFAULT_TRACE_STATE, True)
+                and (built.trace_id, built.span_id, built.is_remote, built.trace_flags, built.trace_state,
+                     built.is_valid) == (5, 7, False, flags, DEFAULT_TRACE_STATE, True) and built == made)
+    except Exception:  # noqa: BLE001 - any other shape: the Python path
+        return False
+
+
+#: Whether the C core may build and read ``SpanContext`` as a tuple (``_span_context_is_tuple``).
+SPAN_CONTEXT_IS_TUPLE = _span_context_is_tuple()
 
 
 def span_fields(span: ReadableSpan) -> tuple[Any, ...]:

@@ -90,7 +90,7 @@ def open_spans(telemetry: Telemetry) -> list[Span]:
     span: this runs only when a process is dying, so the training loop pays
     nothing for it (a tracking processor cost ~1.5 µs on every span).
     """
-    from otel_training.pipeline.record_tracer import RecordSpan  # an offloading pipeline's spans
+    from otel_training.pipeline.record_span import RecordSpan  # an offloading pipeline's spans
 
     resource = telemetry.resource
     spans = [obj for obj in gc.get_objects()

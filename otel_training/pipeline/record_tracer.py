@@ -24,24 +24,24 @@ import marshal
 import os
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from random import getrandbits
-from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, TraceFlags
 
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
+from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE
 from otel_training.config.parsers import ConfigError
-from otel_training.pipeline.records import (BEGIN, END, SCOPE, Emit, FastRecords, encode, encode_links,
+from otel_training.pipeline.record_span import _ON_EXCEPTION, PyRecordSpan, RecordSpan, native_span_class
+from otel_training.pipeline.records import (BEGIN, SCOPE, Emit, FastRecords, encode, encode_links,
                                             encode_plain)
 
 logger = logging.getLogger("otel_training")
@@ -51,8 +51,6 @@ logger = logging.getLogger("otel_training")
 _ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _ROOT_FLAGS}
 _KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
-#: Two threads ending one span (the signal path's ``end_open_spans`` and the span's own) write one end.
-_END_LOCK = threading.Lock()
 
 
 def processor_refused(name: str) -> str:
@@ -62,150 +60,6 @@ def processor_refused(name: str) -> str:
             "configure(offload=False) (OTEL_TRAINING_OFFLOAD=false) keeps the spans and your processors in this "
             "process (docs/offload.md)")
 
-
-
-class RecordSpan(trace_api.Span):
-    """A span that lives as two records in the ring (see the module docstring)."""
-
-    __slots__ = ("_provider", "_context", "parent", "name", "start_time", "end_time", "kind", "_attributes",
-                 "_updates", "_events", "_status", "_renamed", "_links", "_on_exception")
-
-    def __init__(self, provider: RecordTracerProvider, context: SpanContext, parent: SpanContext | None,
-                 name: str, kind: SpanKind, start_time: int, attributes: Mapping[str, Any] | None,
-                 on_exception: tuple[bool, bool] = (True, True)) -> None:
-        self._provider = provider
-        self._context = context
-        self.parent = parent
-        self.name = name
-        self.kind = kind
-        self.start_time = start_time
-        self.end_time: int | None = None
-        self._attributes = attributes
-        self._updates: dict[str, Any] | None = None
-        self._events: list[tuple[str, int, dict[str, Any]]] | None = None
-        self._status: Status | None = None
-        self._renamed = False
-        self._links: list[Link] | None = None
-        #: (record_exception, set_status_on_exception) for ``with tracer.start_span(...)``, as the SDK's.
-        self._on_exception = on_exception
-
-    # -- what the SDK's span offers for reading -----------------------------
-    @property
-    def attributes(self) -> dict[str, Any]:
-        merged = dict(self._attributes or {})
-        if self._updates:
-            merged.update(self._updates)
-        return merged
-
-    @property
-    def resource(self) -> Resource:
-        return self._provider.resource
-
-    @property
-    def status(self) -> Status:
-        return self._status or Status(StatusCode.UNSET)
-
-    @property
-    def events(self) -> list[tuple[str, int, dict[str, Any]]]:
-        return list(self._events or ())
-
-    # -- the API ------------------------------------------------------------
-    def get_span_context(self) -> SpanContext:
-        return self._context
-
-    def is_recording(self) -> bool:
-        return self.end_time is None
-
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        if self.end_time is None and attributes:
-            if self._updates is None:
-                self._updates = {}
-            self._updates.update(attributes)
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        if self.end_time is None:
-            if self._updates is None:
-                self._updates = {}
-            self._updates[key] = value
-
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
-                  timestamp: int | None = None) -> None:
-        if self.end_time is None:
-            if self._events is None:
-                self._events = []
-            self._events.append((name, time.time_ns() if timestamp is None else timestamp, dict(attributes or {})))
-
-    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
-        if self.end_time is None:
-            if self._links is None:
-                self._links = []
-            self._links.append(Link(context, attributes))
-
-    def update_name(self, name: str) -> None:
-        if self.end_time is None:
-            self.name = name
-            self._renamed = True
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if self.end_time is not None:
-            return
-        if isinstance(status, StatusCode):
-            status = Status(status, description)
-        # As the SDK: OK is final, UNSET never overrides.
-        if (self._status is not None and self._status.status_code is StatusCode.OK) or \
-                status.status_code is StatusCode.UNSET:
-            return
-        self._status = status
-
-    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
-        module, qualname = type(exception).__module__, type(exception).__qualname__
-        values = {"exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
-                  "exception.message": str(exception),
-                  "exception.stacktrace": "".join(traceback.format_exception(exception)),
-                  "exception.escaped": str(escaped)}
-        if attributes:
-            values.update(attributes)
-        self.add_event("exception", values, timestamp)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
-                 exc_tb: TracebackType | None) -> None:
-        if exc_val is not None and self.end_time is None:
-            record, set_status = self._on_exception
-            if record:
-                self.record_exception(exc_val, escaped=True)
-            if set_status:
-                self.set_status(Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}"))
-        self.end()
-
-    def end(self, end_time: int | None = None) -> None:
-        with _END_LOCK:
-            if self.end_time is not None:
-                return
-            self.end_time = end_time = time.time_ns() if end_time is None else end_time
-        status = self._status
-        # Nothing added since it began but attributes: the C core's fast record, or the short marshal form.
-        plain = self._events is None and status is None and not self._renamed and self._links is None
-        fast = self._provider.fast
-        if plain and fast is not None:
-            written = fast.end(self._context.span_id, end_time, self._updates)
-            if written is not None:
-                if written[0] is not None:  # the ring was full: wait or drop as any record does
-                    self._provider.emit(written[0], False)
-                return
-        if plain and self._updates is None:
-            payload: bytes | None = marshal.dumps((END, self._context.span_id, end_time))
-        else:
-            payload = encode((END, self._context.span_id, end_time, self._updates, self._events,
-                              None if status is None else (status.status_code.value, status.description),
-                              self.name if self._renamed else None, encode_links(self._links)))
-        if payload is None:
-            self._provider.ring_drops += 1
-        else:
-            self._provider.emit(payload, False)
-
-    def __repr__(self) -> str:
-        return f"RecordSpan({self.name!r}, span_id={self._context.span_id:016x})"
 
 
 class RecordTracer(trace_api.Tracer):
@@ -226,6 +80,13 @@ class RecordTracer(trace_api.Tracer):
             if stamp:  # over the span's own, as the lineage processor's on_start would
                 attributes = {**attributes, **stamp} if attributes else dict(stamp)
         parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
+        begin_span = provider.begin_span
+        if begin_span is not None and not links:  # the C core: the begin record and the span in one call
+            span = begin_span(provider, name, kind, _KIND_VALUES.get(kind, 0), attributes or None, self._scope,
+                              parent, start_time, _ON_EXCEPTION if record_exception is True and
+                              set_status_on_exception is True else (record_exception, set_status_on_exception))
+            if span is not None:
+                return span
         if parent.is_valid:  # type: ignore[union-attr]
             trace_id, parent_id = parent.trace_id, parent.span_id  # type: ignore[union-attr]
             flags = _CHILD_FLAGS[parent.trace_flags & TraceFlags.RANDOM_TRACE_ID]  # type: ignore[union-attr]
@@ -237,17 +98,6 @@ class RecordTracer(trace_api.Tracer):
             if parent is not None and not parent.trace_flags.sampled:
                 return trace_api.NonRecordingSpan(SpanContext(trace_id, getrandbits(64) or 1, False,
                                                               parent.trace_flags, trace_state))
-            if provider.fast is not None and not links and not trace_state:
-                written = provider.fast.begin(
-                    name, _KIND_VALUES.get(kind, 0), attributes or None, self._scope, trace_id, parent_id,
-                    parent is not None and parent.is_remote, flags, int(parent.trace_flags) if parent else 0,
-                    -1 if start_time is None else start_time)
-                if written is not None:  # ids, time, encoding and the ring write, in C
-                    trace_id, span_id, start_time, refused = written
-                    if refused is not None:  # the ring was full: wait or drop as any record does
-                        provider.emit(refused, True)
-                    return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent,
-                                      name, kind, start_time, attributes, (record_exception, set_status_on_exception))
         trace_id = trace_id or getrandbits(128) or 1
         span_id = getrandbits(64) or 1
         if sampler is not DEFAULT_ON:
@@ -271,8 +121,8 @@ class RecordTracer(trace_api.Tracer):
             payload = encode_plain(record)
         if payload is not None:  # else its end record reaches the drain alone, which counts it as lost
             provider.emit(payload, True)
-        return RecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,
-                          start_time, attributes, (record_exception, set_status_on_exception))
+        return PyRecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,
+                            start_time, attributes, (record_exception, set_status_on_exception))
 
     @contextmanager  # type: ignore[override]
     def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
@@ -303,6 +153,12 @@ class RecordTracerProvider(trace_api.TracerProvider):
         self.lineage = lineage
         #: The C core's fast records, for spans with plain values and the default sampler (None: marshal only).
         self.fast = fast
+        #: The C core's ``begin_span`` (span and begin record in one call) with the default sampler, else None.
+        self.begin_span: Callable[..., RecordSpan | None] | None = None
+        if fast is not None and sampler is DEFAULT_ON and SPAN_CONTEXT_IS_TUPLE:
+            fast.span_setup(native_span_class(fast.span_core), SpanContext, DEFAULT_TRACE_STATE, _ROOT_FLAGS,
+                            _CHILD_FLAGS[0])
+            self.begin_span = fast.begin_span
         self.resource = resource
         self.sampler = sampler
         self._write_control = write_control or (lambda payload, timeout_s: emit(payload, None))
@@ -362,7 +218,7 @@ class RecordTracerProvider(trace_api.TracerProvider):
 def _after_fork_in_child() -> None:
     for provider in list(_providers):
         provider.emit = provider._refuse_in_child  # noqa: SLF001 - the ring belongs to the parent
-        provider.fast = None  # its writes go to the parent's ring too
+        provider.fast = provider.begin_span = None  # their writes go to the parent's ring too
         provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001
         provider._lock = threading.Lock()  # noqa: SLF001 - it may have been held at the fork
 
