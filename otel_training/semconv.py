@@ -115,6 +115,12 @@ SPAN_BETWEEN_STEPS: Final = "training.between_steps"
 #: True on a host step whose device time is in a ``training.device_step`` child (statistics,
 #: goodput and stuck detection then use the child).
 STEP_DEVICE_TIMED: Final = "training.step.device_timed"
+#: Values of this span (or, on an event, of this event) still being read when it ended: one-element device
+#: tensors whose device work had not completed (``events/values.py``). The exporting pipeline holds the span
+#: until they arrive and removes this attribute; it is exported only on a span whose values never came.
+VALUES_PENDING: Final = "training.values.pending"
+#: How many values were still being read when the pipeline stopped waiting for them (``values_hold_s``).
+VALUES_UNRESOLVED: Final = "training.values.unresolved"
 #: The device a device span ran on, as torch names it ("cuda:0").
 DEVICE: Final = "training.device"
 #: The device's model name ("NVIDIA H100 80GB HBM3").

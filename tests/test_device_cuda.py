@@ -233,3 +233,37 @@ def test_the_fast_path_times_steps_on_the_device(tmp_path: Path, native: str) ->
     durations = sorted((span["end"] - span["start"]) / 1e6 for span in devices)
     assert durations[100] == pytest.approx(summary["step_ms"], rel=0.10), (durations[100], summary)
     assert not [span for span in spans if span["name"] == sc.SPAN_ALERT]
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["in-process", "offloaded"])
+def test_a_cuda_loss_logged_in_a_step_arrives_without_a_synchronisation(tmp_path: Path, offload: bool) -> None:
+    """``trainer.log(loss=loss)`` while the loss is still queued behind 0.3 s of device work: the log and the
+    step's end return at once (no implicit synchronisation), and the exported step carries the number."""
+    import otel_training
+
+    torch.cuda.init()
+    telemetry = otel_training.configure(reconfigure=True, exporter="file", output_dir=str(tmp_path), offload=offload,
+                                        metrics=False, signal_hooks=False, exception_hooks=False)
+    try:
+        trainer = otel_training.TrainerProcess()
+        x = torch.ones(4, device="cuda")
+        torch.cuda.synchronize()
+        started = time.monotonic()
+        with trainer.step(global_step=0) as step:
+            torch.cuda._sleep(int(0.3 * _cycles_per_second()))  # the step's device work, still queued
+            loss = (x * 0.25).sum()
+            trainer.log(loss=loss)
+            step.extra_args(lr=loss * 2)
+        host_s = time.monotonic() - started
+        torch.cuda.synchronize()
+        with trainer.step(global_step=1):
+            pass
+        assert telemetry.force_flush(timeout_s=30)
+    finally:
+        telemetry.shutdown(timeout_s=10)
+    assert host_s < 0.15, f"the host waited {host_s:.3f} s for the device"
+    (step,) = [span for span in read_spans(telemetry.trace_path)
+               if span["name"] == sc.SPAN_STEP and span["attributes"].get(sc.STEP) == 0]
+    assert step["attributes"][sc.LEARNING_RATE] == 2.0 and sc.VALUES_PENDING not in step["attributes"]
+    log = next(event for event in step["events"] if event["name"] == "#log")
+    assert log["attributes"][sc.LOSS] == 1.0

@@ -84,7 +84,11 @@ def test_every_record_the_tracer_writes_passes_the_check_and_replays() -> None:
     ((2, 5, 10, None, [("e", "when", {})], None, None, None), "events"),
     ((2, 5, 10, None, None, (7, None), None, None), "status"),
     ((2, 5, "end"), "span id or end time"),
-    ((9,), "no known kind"),
+    ((99,), "no known kind"),
+    ((9, 5, -1), "a values record"),
+    ((9, 0, -1, {}), "a values record"),
+    ((9, 5, -2, {}), "a values record"),
+    ((9, 5, -1, {"k": object()}), "a values record"),
     ([1, 2, 3], "not a record"),
 ])
 def test_a_record_with_values_no_writer_makes_is_named(record: Any, problem: str) -> None:

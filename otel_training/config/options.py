@@ -87,6 +87,10 @@ OPTIONS: tuple[Option, ...] = (
            "Bound of each process's spool file, in MiB; past it undelivered spans are dropped and counted."),
     Option("span_queue_max_wait_s", _parse_seconds, 0.5,
            "Bound on one wait for room in a full span queue (`span_queue_policy` \"wait\")."),
+    Option("values_hold_s", _parse_seconds, 30.0,
+           "How long an ended span waits for export for the values logged in it that were still being read (a "
+           "one-element device tensor, read once its device work is done; docs/trace-layout.md#logged-values); past it the "
+           "span is exported without them, saying how many are missing (`training.values.unresolved`)."),
     Option("offload", _parse_bool_or_auto, "auto",
            "Build, process and export spans in a drain process: this process only writes records to shared "
            "memory, about 1 µs a span instead of 20-40 µs and no thread of ours holding its GIL; the drain also "

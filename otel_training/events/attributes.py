@@ -82,6 +82,24 @@ def _describe(value: Any) -> str:
     return _truncate(text(value))
 
 
+def device_description(value: Any) -> str:
+    """What an accelerator tensor is, without reading it (reading would synchronise the device)."""
+    shape = tuple(getattr(value, "shape", ()))
+    return f"<{type(value).__name__} shape={shape} dtype={getattr(value, 'dtype', '?')} device={value.device}>"
+
+
+def is_device_scalar(value: Any) -> bool:
+    """A one-element tensor on a device other than the CPU: the events API reads it once the device has
+    computed it (``events/values.py``) instead of describing it."""
+    device = getattr(value, "device", None)
+    if device is None or getattr(device, "type", "cpu") == "cpu":
+        return False
+    try:
+        return value.numel() == 1
+    except Exception:  # noqa: BLE001 - not a tensor after all
+        return False
+
+
 def _array_scalar(value: Any) -> Any:
     """The Python scalar of a one-element numpy/torch value on the CPU, else a description.
 
@@ -89,8 +107,7 @@ def _array_scalar(value: Any) -> Any:
     """
     device = getattr(value, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
-        shape = tuple(getattr(value, "shape", ()))
-        return f"<{type(value).__name__} shape={shape} dtype={getattr(value, 'dtype', '?')} device={device}>"
+        return device_description(value)
     size = getattr(value, "size", None)
     if callable(size):  # torch: size() is a method, numel() the count
         size = value.numel()
@@ -99,6 +116,11 @@ def _array_scalar(value: Any) -> Any:
         if isinstance(scalar, _SCALARS):
             return _value(scalar)  # a uint64 may be beyond int64
     return _describe(value)
+
+
+def scalar_value(value: Any) -> Any:
+    """A value read from a device (a Python scalar) as an attribute value."""
+    return _value(value)
 
 
 def _value(value: Any) -> Any:
@@ -150,11 +172,14 @@ def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:
     return key if "." in key else unnamed_prefix + key
 
 
-def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTENT_PREFIX) -> dict[str, Any]:
+def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTENT_PREFIX,
+                  late: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
     """Span attributes for ``content``, at most ``MAX_KEYS``; never raises.
 
     Nothing asks ``content`` for its truth value or length: an array refuses
     one, and a user's Mapping may raise on it while its items read fine.
+    ``late``: one-element device tensors go there as (key, tensor), to be read
+    once computed (``events/values.py``), instead of being described.
     """
     out: dict[str, Any] = {}
     if content is None:
@@ -175,6 +200,8 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 out[name] = value if _INT64_MIN <= value <= _INT64_MAX else str(value)
             elif isinstance(value, Mapping):
                 _flatten(name + ".", value, out, 1)
+            elif late is not None and is_device_scalar(value):
+                late.append((name, value))
             else:
                 converted = _value(value)
                 if converted is not None:

@@ -1,13 +1,14 @@
 """Finding the device a pipeline's steps run on, once one is in use.
 
 Separate from the timeline itself: the per-step fast path asks ``may_probe()``
-(a dict lookup while torch is not imported), and tests or other accelerators
+(a dict lookup while torch is not imported, a clock read between probes), and tests or other accelerators
 replace detection with ``use_device(factory)``.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -31,9 +32,24 @@ def use_device(factory: Callable[[], Device | None] | None) -> None:
     _factory = factory
 
 
-def may_probe() -> bool:
-    """False while no device can be in use (torch not imported, no factory): the per-step fast path."""
-    return _factory is not None or "torch" in sys.modules
+#: How often a step asks torch whether CUDA is in use while it is not (a job on the CPU, or steps before the
+#: model moves to the GPU): asking costs a few µs of Python on every step otherwise.
+PROBE_INTERVAL_S = 1.0
+
+
+def may_probe(runtime: EventsRuntime) -> bool:
+    """False while no device can be in use (torch not imported, no factory), and between two probes that found
+    none (at most one a ``PROBE_INTERVAL_S``): the per-step fast path. A factory (``use_device``) is asked on
+    every step until it gives a device."""
+    if _factory is not None:
+        return True
+    if "torch" not in sys.modules:
+        return False
+    now = time.monotonic()
+    if now < runtime.device_probe_at:
+        return False
+    runtime.device_probe_at = now + PROBE_INTERVAL_S
+    return True
 
 
 def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | None:

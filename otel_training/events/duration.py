@@ -27,9 +27,10 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained, log_once
-from otel_training.events.attributes import text, to_attributes
+from otel_training.events.attributes import device_description, text, to_attributes
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_factory import record_error, start_span
+from otel_training.events.values import SPAN as SPAN_VALUES
 
 if TYPE_CHECKING:
     from otel_training.events.process import Process
@@ -58,6 +59,7 @@ class Duration:
         "_segment",
         "_segment_index",
         "_child_context",
+        "_late",
         "_ended",
         "_runtime",
     )
@@ -78,8 +80,12 @@ class Duration:
         attrs = {sc.EVENT_TARGET: process.target, sc.EVENT_NAME: self.event_name}
         if attributes:
             attrs.update(attributes)
+        #: One-element device tensors in the content, read once computed (``values.py``); None: none.
+        self._late: list[tuple[str, Any]] | None = None
         if content:
-            attrs.update(to_attributes(content))
+            late: list[tuple[str, Any]] = []
+            attrs.update(to_attributes(content, late=late))
+            self._late = late or None
         self._attributes = attrs
         self._span: Span | None = None
         self._token: object | None = None
@@ -105,7 +111,8 @@ class Duration:
         """Start the span and make it current."""
         return self._begin(None)
 
-    def _begin(self, rt: EventsRuntime | None) -> Duration:
+    def _begin(self, rt: EventsRuntime | None, detached: bool = False) -> Duration:
+        """``detached``: the span does not become the caller's current span (``context()`` makes one where it is)."""
         try:
             if self._span is not None:
                 log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
@@ -121,11 +128,44 @@ class Duration:
             # only a trace with a parent Duration in it can outgrow its budget
             span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=parent is not None)
             self._span = span
-            self._token = context_api.attach(trace_api.set_span_in_context(span))
-            self._current_token = _CURRENT.set(self)
+            if not detached:
+                self._token = context_api.attach(trace_api.set_span_in_context(span))
+                self._current_token = _CURRENT.set(self)
+            values = rt.values
+            if values is not None and values.items:  # earlier steps' device values the device has computed
+                values.poll()
+            if self._late is not None:
+                late, self._late = self._late, None
+                self._defer(late)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
             log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
         return self
+
+    def context(self) -> contextvars.Context:
+        """A copy of the caller's context in which this Duration is the current span.
+
+        For a Duration begun detached (the torch instrumentor's steps): work inside it (a checkpoint, a
+        collective) runs in this context to nest under it, while the caller's own context never changes.
+        """
+        ctx = contextvars.copy_context()
+        ctx.run(self._make_current)
+        return ctx
+
+    def _make_current(self) -> None:
+        if self._span is not None:
+            context_api.attach(trace_api.set_span_in_context(self._span))
+            _CURRENT.set(self)
+
+    def _defer(self, late: list[tuple[str, Any]]) -> None:
+        """Read ``late``'s device values once computed, for this (begun) span; described where they cannot be."""
+        rt, span = self._runtime, self._span
+        values = rt.values if rt is not None else None
+        if span is None:
+            return
+        described = (values.defer(span, SPAN_VALUES, late) if values is not None
+                     else {key: device_description(value) for key, value in late})
+        if described:
+            span.set_attributes(described)
 
     def _context_for_child(self, rt: EventsRuntime) -> Context | None:
         holder = self._segment or self._span
@@ -164,6 +204,11 @@ class Duration:
                 context_api.detach(self._token)  # type: ignore[arg-type]
             if self._segment is not None:
                 self._end_segment()
+            values = self._runtime.values if self._runtime is not None else None
+            if values is not None and values.items:  # what is read now goes on the span; the rest, later
+                waiting = values.ended(span)
+                if waiting:
+                    span.set_attribute(sc.VALUES_PENDING, waiting)
             span.end()
             # A NonRecordingSpan (OTEL_SDK_DISABLED) has no parent attribute.
             if getattr(span, "parent", None) is None and self._runtime is not None:
@@ -187,12 +232,17 @@ class Duration:
 
     @contained(default=None)
     def extra_args(self, **content: Any) -> Duration:
-        """Add content (attributes) before or during the span."""
-        attributes = to_attributes(content)
+        """Add content (attributes) before or during the span (a one-element device tensor: read once computed)."""
+        late: list[tuple[str, Any]] = []
+        attributes = to_attributes(content, late=late)
         if self._span is None:
             self._attributes.update(attributes)
+            if late:
+                self._late = (self._late or []) + late
         else:
             self._span.set_attributes(attributes)
+            if late:
+                self._defer(late)
         return self
 
     @contained(default=None)

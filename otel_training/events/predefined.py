@@ -42,8 +42,9 @@ class TrainerProcess(Process):
 
     def log(self, **metrics: Any) -> None:
         """Metrics (loss, learning rate...) as an event on the current span."""
-        attributes = to_attributes(metrics, unnamed_prefix=METRIC_PREFIX)
-        self._event("#log", "#log", attributes)
+        late: list[tuple[str, Any]] = []
+        attributes = to_attributes(metrics, unnamed_prefix=METRIC_PREFIX, late=late)
+        self._event("#log", "#log", attributes, late)
 
     # Durations.
     def init(self, **content: Any) -> Duration:

@@ -9,6 +9,7 @@ from the traces.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.events.attributes import readable, text, to_attributes
+from otel_training.events.attributes import device_description, readable, text, to_attributes
 from otel_training.events.duration import Duration
 from otel_training.events.runtime import EventsRuntime, current_recording_span, runtime, runtime_for
 
@@ -38,15 +39,30 @@ class Process:
         return runtime() if provider is None else runtime_for(provider)
 
     @contained(default=None)
-    def _event(self, event_name: str, name: str, attributes: dict[str, Any]) -> None:
+    def _event(self, event_name: str, name: str, attributes: dict[str, Any],
+               late: list[tuple[str, Any]] | None = None) -> None:
+        """``late``: one-element device tensors of the content, read once computed (``values.py``); the event's
+        timestamp names it when they arrive."""
         attributes[sc.EVENT_TARGET] = self.target
         attributes[sc.EVENT_NAME] = text(name)
         span = current_recording_span() or self.events_runtime().process_span(self.target)
-        span.add_event(text(event_name), attributes)
+        if not late:
+            span.add_event(text(event_name), attributes)
+            return
+        values = self.events_runtime().values
+        timestamp = time.time_ns()
+        described = (values.defer(span, timestamp, late) if values is not None
+                     else {key: device_description(value) for key, value in late})
+        attributes.update(described)
+        if len(described) < len(late):
+            attributes[sc.VALUES_PENDING] = len(late) - len(described)
+        span.add_event(text(event_name), attributes, timestamp)
 
     def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:
         """A point-in-time event named ``name``."""
-        self._event(name, name, to_attributes(content))
+        late: list[tuple[str, Any]] = []
+        attributes = to_attributes(content, late=late)
+        self._event(name, name, attributes, late)
 
     def duration(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
         """A Duration whose span is named ``name``; begin it with ``with`` or ``begin()``."""

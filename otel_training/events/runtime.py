@@ -19,6 +19,7 @@ from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 from otel_training import semconv as sc
 from otel_training._version import __version__
 from otel_training.pipeline import configure as _pipeline
+from otel_training.events.values import PendingValues
 from otel_training.pipeline.telemetry import Telemetry
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
@@ -81,11 +82,18 @@ class EventsRuntime:
         self._lock = threading.Lock()
         #: The device timeline (``events.device``): None until a device is in use, False when turned off.
         self.device: Any = None
+        #: When the next step may ask whether a device came into use (``device_probe.may_probe``).
+        self.device_probe_at = 0.0
         #: Host work between steps open now (checkpoint, evaluation, set-up: ``HostWork``), and whether
         #: the training loop is running (None: no ``training.train`` span seen). The device timeline
         #: calls the time between steps idle only while neither says otherwise.
         self.host_work = 0
         self.training: bool | None = None
+        #: Device values logged here, read once computed (``values.py``); None with an injected provider, whose
+        #: pipeline cannot hold a span for them: they are described there, as before.
+        self.values: PendingValues | None = None
+        if tracer is None:
+            self.values = PendingValues(telemetry.deliver_values, float(telemetry.options.get("values_hold_s", 30.0)))
         telemetry.on_shutdown(self.close)
         if tracer is None:
             telemetry.process_span = self.process_span
@@ -117,6 +125,8 @@ class EventsRuntime:
         return holder.get()
 
     def close(self) -> None:
+        if self.values is not None and self.values.items:  # the device finishes its queue: a share of the exit
+            self.values.settle(self.telemetry.shutdown_share_s(0.25))
         for holder in list(self._process_spans.values()):
             holder.end()
 

@@ -57,7 +57,17 @@ class StepDuration(Duration):
                 log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
                          "device; training continues")
 
-    def _begin_step(self, awaiting_input: bool, rt: EventsRuntime | None = None) -> Duration:
+    def begin_detached(self, awaiting_input: bool = False, rt: EventsRuntime | None = None) -> Duration:
+        """Begin without becoming the caller's current span; ``context()`` gives a context where it is.
+
+        For the torch instrumentor, whose steps open and close at hook calls: a step closed at an odd moment
+        cannot leave the user's context in a wrong state, and a step with no work nested in it costs no
+        context switch at all. ``awaiting_input``: as ``begin_awaiting_input``; ``rt``: the runtime, when the
+        caller has just looked it up.
+        """
+        return self._begin_step(awaiting_input, rt, detached=True)
+
+    def _begin_step(self, awaiting_input: bool, rt: EventsRuntime | None = None, detached: bool = False) -> Duration:
         """``rt``: the runtime, when the caller has just looked it up."""
         step = timeline = None
         if self._span is None:
@@ -65,7 +75,7 @@ class StepDuration(Duration):
                 if rt is None:
                     rt = self._process.events_runtime()
                 timeline = rt.device
-                if timeline is None and device_probe.may_probe():
+                if timeline is None and device_probe.may_probe(rt):
                     timeline = device_probe.probe(rt)
                 if timeline:
                     parent = _CURRENT.get()
@@ -76,7 +86,7 @@ class StepDuration(Duration):
             except Exception:  # noqa: BLE001 - contained inline: this is the hot path
                 log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
                          "training continues")
-        self._begin(rt)
+        self._begin(rt, detached)
         span = self._span
         if step is not None and span is not None and span.is_recording():
             if span.parent is not None:  # its device step joins this trace: charge the budget here, once
@@ -116,8 +126,8 @@ class HostWork(Duration):
         super().__init__(*args, **kwargs)
         self._counted_in: EventsRuntime | None = None
 
-    def _begin(self, rt: EventsRuntime | None) -> Duration:
-        super()._begin(rt)
+    def _begin(self, rt: EventsRuntime | None, detached: bool = False) -> Duration:
+        super()._begin(rt, detached)
         current = self._runtime
         if self._span is not None and self._counted_in is None and current is not None:
             self._counted_in = current

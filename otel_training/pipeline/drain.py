@@ -49,7 +49,7 @@ from otel_training.processors.stuck import parse_span_names
 from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.device_steps import DeviceSteps
-from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS
+from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS, VALUES
 from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 
@@ -216,6 +216,8 @@ class Replayer:
             self.device_steps.device(record[1], record[2], record[3])
         elif kind == DEVICE_INFO:
             self.device_steps.info(record[1], record[2])
+        elif kind == VALUES:
+            self.telemetry.deliver_values(record[1], record[2], record[3])
 
     def _begin(self, record: tuple[Any, ...]) -> None:
         (_, span_id, trace_id, parent_id, remote, name, start, kind, attributes, links, scope, state, flags,
@@ -297,6 +299,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
         records = ring.read()
         replayer.apply_all(records)
         replayer.device_steps.tick(time.time_ns())
+        telemetry.values_tick()
         if ring.corrupt:
             log_once("ring-corrupt", "otel_training: the offload ring held bytes that were not records (damaged "
                      "shared memory); they were skipped and the spans in them are lost")

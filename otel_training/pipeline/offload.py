@@ -46,7 +46,7 @@ from otel_training.pipeline.device_records import STAT_KEYS, DeviceRecorder, sta
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
-from otel_training.pipeline.records import CLOSE, FLUSH
+from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
 from otel_training.pipeline.responder import Responder
 from otel_training.pipeline.outputs import check_output_dir
 from otel_training.pipeline.telemetry import Telemetry, _version
@@ -207,6 +207,13 @@ class OffloadTelemetry(Telemetry):
         return False
 
     # -- flush and close, as the record tracer provider's ---------------------
+    def deliver_values(self, span_id: int, target: int, values: dict[str, Any]) -> None:
+        """To the drain, whose exporting pipeline holds the span for them (a values record: dropped, and counted
+        in the drain as values that never came, when the ring is full)."""
+        payload = encode((VALUES, span_id, target, values))
+        if payload is not None and self._ring is not None:
+            self.tracer_provider.emit(payload, None)  # type: ignore[attr-defined]
+
     def _write_control(self, payload: bytes, timeout_s: float) -> bool:
         """A control record waits for room while the drain reads, whatever the span queue policy."""
         ring = self._ring

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from otel_training.pipeline.records import (BEGIN, CLOSE, DEVICE, DEVICE_FAILED, DEVICE_INFO, END, FLUSH, SCOPE,
-                                           STACKS)
+                                           STACKS, VALUES)
 
 _U64, _U128 = 1 << 64, 1 << 128
 _SPAN_KINDS = range(5)  # SpanKind's values
@@ -121,6 +121,12 @@ def check_record(record: Any) -> str | None:
         good = (len(record) == 4 and _int(record[1], 0, _U64) and _int(record[2], 0, DEVICE_FAILED + 1)
                 and _int(record[3], 0, 1 << 63))
         return None if good else "a device record"
+    if kind == VALUES and type(kind) is int:  # (VALUES, span id, target, values)
+        # The values go into exported attributes without the SDK's checks: scalars under text keys only.
+        good = (len(record) == 4 and _int(record[1], 1, _U64) and _int(record[2], -1, 1 << 63)
+                and type(record[3]) is dict and all(type(key) is str and type(value) in (bool, int, float, str)
+                                                    for key, value in record[3].items()))
+        return None if good else "a values record"
     if kind == DEVICE_INFO and type(kind) is int:
         good = len(record) == 3 and type(record[1]) is str and type(record[2]) is str
         return None if good else "a device info record"

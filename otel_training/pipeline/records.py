@@ -24,6 +24,9 @@ STACKS = 6
 #: thread (``native/device.h``; ``which``: ``DEVICE_BEGIN``, ``DEVICE_END`` or ``DEVICE_FAILED``), and the
 #: device those steps run on: ``(DEVICE_INFO, label, name)`` (``device_records.py``, ``device_steps.py``).
 DEVICE, DEVICE_INFO = 7, 8
+#: Values read after they were logged (``events/values.py``): ``(VALUES, span_id, target, {key: value})``,
+#: ``target`` -1 for the span's attributes, else the timestamp of its event (``processors/late_values.py``).
+VALUES = 9
 DEVICE_BEGIN, DEVICE_END, DEVICE_FAILED = 0, 1, 2
 _EXACT = (str, bool, int, float, bytes, type(None))
 
@@ -36,11 +39,19 @@ class FastRecords(Protocol):
     write in one call each. Either call returns None when it does not apply (the drain does not read them yet,
     or a value is not bool, int64, float or str): the caller then writes the marshal record, as without it."""
 
-    def begin(self, name: str, kind: int, attributes: Mapping[str, Any] | None, scope: int, trace_id: int,
-              parent_id: int, remote: bool, flags: int, parent_flags: int,
-              start: int) -> tuple[int, int, int, bytes | None] | None:
-        """``trace_id`` 0: a new root; ``start`` -1: now. (trace id, span id, start, the payload the full ring
-        refused, to be written by ``emit`` with its waiting policy, or None)."""
+    #: The C base of the span class ``begin_span`` makes (``native/span.c``).
+    span_core: type
+
+    def span_setup(self, span_type: type, context_type: type, trace_state: Any, root_flags: int,
+                   child_flags: int) -> None:
+        """What ``begin_span`` builds: ``span_type`` (a subclass of ``span_core``), the API's ``SpanContext``
+        and its empty ``TraceState``, and the flags of a root and of a child whose trace id is not random."""
+
+    def begin_span(self, provider: Any, name: str, kind: Any, kind_value: int,
+                   attributes: Mapping[str, Any] | None, scope: int, parent: Any, start: int | None,
+                   on_exception: tuple[bool, bool]) -> Any:
+        """The span (``span_type``), its begin record written (or handed to ``provider.emit`` when the ring is
+        full); ``parent``: the parent's ``SpanContext`` (None or invalid: a new root); ``start`` None: now."""
 
     def end(self, span_id: int, end: int, updates: Mapping[str, Any] | None) -> tuple[bytes | None] | None:
         """(the payload the full ring refused, or None)."""

@@ -38,6 +38,7 @@ from otel_training.pipeline.exporters import metric_exporter, span_exporter
 from otel_training.pipeline.outputs import check_output_dir, default_exporter
 from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.exporters.guarded import GuardedSpanExporter
+from otel_training.processors.late_values import LateValuesSpanProcessor
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
 from otel_training.processors.batch import CountingBatchSpanProcessor
@@ -123,6 +124,7 @@ class Telemetry:
         span_exporter = None if self.disabled else self._make_span_exporter(environ)
         self._guard: GuardedSpanExporter | None = None
         self._batch: CountingBatchSpanProcessor | None = None
+        self.late_values: LateValuesSpanProcessor | None = None
         if span_exporter is not None:
             spool = None
             if self.options["spool_dir"] and self.exporter_name == "otlp":
@@ -133,7 +135,10 @@ class Telemetry:
             self._batch = CountingBatchSpanProcessor(
                 self._guard, policy=self.options["span_queue_policy"],
                 max_wait_s=self.options["span_queue_max_wait_s"], exporter_progressing=self._guard.progressing)
-            self.tracer_provider.add_span_processor(self._batch)
+            # In front of the exporting processor only: a span waiting for values read after it ended is held
+            # for export, not for the stuck detector, goodput or the user's processors (late_values.py).
+            self.late_values = LateValuesSpanProcessor(self._batch, hold_s=float(self.options["values_hold_s"]))
+            self.tracer_provider.add_span_processor(self.late_values)
 
         readers = []
         if self.options["metrics"] and not self.disabled:
@@ -211,6 +216,18 @@ class Telemetry:
         pipeline's, with the C core. None here: the device timeline's Python resolver makes the device spans."""
         return None
 
+    def deliver_values(self, span_id: int, target: int, values: dict[str, Any]) -> None:
+        """Values of an ended span, read since (``events/values.py``): to the span held for export
+        (``target``: -1 its attributes, else its event's timestamp). The offloaded pipeline sends them to its
+        drain."""
+        if self.late_values is not None:
+            self.late_values.resolve(span_id, target, values)
+
+    def values_tick(self) -> None:
+        """Pass on the spans held for values past ``values_hold_s`` (the drain calls it as it goes)."""
+        if self.late_values is not None:
+            self.late_values.tick()
+
     def on_shutdown(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
         self._on_shutdown.append(callback)
@@ -226,8 +243,10 @@ class Telemetry:
         if queued is None:
             # An SDK that hides its queue: what is not delivered yet counts as pending until
             # shutdown, which then counts it as lost (tests/test_sdk_compat.py fails first).
-            return exported, 0, max(0, self._batch.accepted - settled)
-        pending = queued + self._guard.in_flight
+            return exported, 0, max(0, self._batch.accepted - settled) + (
+                self.late_values.held if self.late_values is not None else 0)
+        held = self.late_values.held if self.late_values is not None else 0  # waiting for their values
+        pending = queued + self._guard.in_flight + held
         dropped = max(0, self._batch.accepted - settled - pending)
         return exported, dropped, pending
 

@@ -21,10 +21,12 @@ What makes this harder than a pre/post pair:
   optimizer hook fires, so the scaler's ``step`` is watched too and a skipped
   step closes with ``training.step.skipped``.
 
-The step span is begun in a private copy of the training thread's context: it
-nests under the user's current span (epoch, train) and the data-wait spans nest
-under it, but it never becomes the current span of the user's code, so a step
-closed at an odd moment cannot leave the user's context in a wrong state.
+The step span is begun detached: it nests under the user's current span (epoch,
+train) and the data-wait spans nest under it, but it never becomes the current
+span of the user's code, so a step closed at an odd moment cannot leave the
+user's context in a wrong state. Work nested in it (a checkpoint, a collective)
+runs in a private copy of the context where the step is current, made the first
+time a step needs one.
 
 Only one thread drives steps: the first thread that begins one. Every entry
 point here is contained: an internal error is logged once, never raised into
@@ -164,17 +166,16 @@ class StepTracker:
             self._telemetry = rt.telemetry
             rt.telemetry.on_shutdown(self.close)
         step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
-        ctx = contextvars.copy_context()
-        ctx.run(step._begin_step, awaiting_input, rt)
+        step.begin_detached(awaiting_input, rt)
         self._start_ns = time.time_ns()
-        self._step, self._ctx = step, ctx
+        self._step, self._ctx = step, None  # its context: made when work nests in it (_begin_in_step)
         self._awaiting_input = awaiting_input
 
     @contained(default=None)
     def close(self) -> None:
         """End the open step (also called on shutdown and uninstrument)."""
-        step, ctx = self._step, self._ctx
-        if step is None or ctx is None:
+        step = self._step
+        if step is None:
             return
         self._step = self._ctx = None
         if self._complete and self._expected is None:
@@ -195,7 +196,7 @@ class StepTracker:
                             {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span,
                             events=self.trainer.events_runtime())
                 start = end
-        ctx.run(step.end)
+        step.end()
         self._number += 1
         fetched = self._fetched
         self._reset()
@@ -272,8 +273,11 @@ class StepTracker:
         return self._begin_in_step(duration)
 
     def _begin_in_step(self, duration: Duration) -> Token:
-        ctx = self._ctx
-        if ctx is not None and threading.get_ident() == self._owner:
+        step = self._step
+        if step is not None and threading.get_ident() == self._owner:
+            ctx = self._ctx
+            if ctx is None:
+                ctx = self._ctx = step.context()
             ctx.run(duration.begin)
             return duration, ctx
         duration.begin()
