@@ -228,3 +228,57 @@ def test_the_hold_is_bounded_in_spans() -> None:
     assert late.held <= 3 and len(exporter.get_finished_spans()) >= 7 and late.unresolved >= 7
     late.force_flush()
     assert len(exporter.get_finished_spans()) == 10 and late.held == 0
+
+
+def test_values_of_a_long_span_wait_for_it_past_hold_s() -> None:
+    """An event on an epoch that runs for hours: its value arrives at once, the epoch ends much later."""
+    provider, _, late, exporter, clock = _pipeline(hold_s=5.0)
+    epoch = provider.get_tracer("t").start_span("training.epoch")
+    epoch.add_event("#log", {sc.VALUES_PENDING: 1}, timestamp=7)
+    late.resolve(epoch.get_span_context().span_id, 7, {sc.LOSS: 0.125})
+    clock.now += 3600
+    late.tick()
+    epoch.end()
+    (exported,) = exporter.get_finished_spans()
+    assert dict(exported.events[0].attributes) == {sc.LOSS: 0.125}
+
+
+class Blocking:
+    """A user's object whose ``__str__`` blocks until the test lets it go."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def __str__(self) -> str:
+        self.entered.set()
+        self.release.wait(10)
+        return "slow but fine"
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["in-process", "offloaded"])
+def test_an_object_whose_str_blocks_does_not_stall_the_step_and_its_text_arrives(configure: Any,
+                                                                                 offload: bool) -> None:
+    if offload and _ring.supported() is not None:
+        pytest.skip(f"offload unavailable: {_ring.supported()}")
+    import time
+
+    telemetry = configure(exporter="file", offload=offload, metrics=False)
+    trainer = otel_training.TrainerProcess()
+    slow, other = Blocking(), Blocking()
+    started = time.monotonic()
+    with trainer.step(global_step=0, config=slow) as step:
+        trainer.log(state=other)
+        step.extra_args(where=Path("/data/x"))  # a known-cheap type: described at once
+    assert time.monotonic() - started < 1.0  # nothing waited for the blocked __str__
+    assert slow.entered.wait(10)
+    slow.release.set()
+    other.release.set()
+    telemetry.shutdown(timeout_s=10)  # the pending conversions get a share of the exit budget, then the flush
+    (span,) = [span for span in read_spans(telemetry.trace_path) if span["name"] == sc.SPAN_STEP]
+    assert span["attributes"]["training.content.where"] == "/data/x"
+    assert span["attributes"]["training.content.config"] == "slow but fine"
+    log = next(event for event in span["events"] if event["name"] == "#log")
+    assert log["attributes"]["training.metric.state"] == "slow but fine"

@@ -15,8 +15,12 @@ text, and a lone surrogate (a path decoded with ``surrogateescape``) its
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import uuid
 from collections.abc import Mapping
+from enum import Enum
+from pathlib import PurePath
 from typing import Any
 
 from otel_training import semconv as sc
@@ -123,6 +127,29 @@ def scalar_value(value: Any) -> Any:
     return _value(value)
 
 
+def described(value: Any) -> Any:
+    """An attribute value for what ``needs_text`` selects (its text, truncated), off the training thread."""
+    return _value(value)
+
+
+def describe_now(value: Any) -> Any:
+    """What ``late`` holds, as an attribute value here and now: where nothing reads it later (an injected
+    provider's pipeline cannot hold spans for values), as before: a device tensor described, an object's text."""
+    return device_description(value) if is_device_scalar(value) else _value(value)
+
+
+#: Types whose text is known to be cheap and never to block: described where they are logged.
+_CHEAP_TEXT = (PurePath, Enum, datetime.date, datetime.time, datetime.timedelta, uuid.UUID, bytes, complex, type,
+               range, slice)
+
+
+def needs_text(value: Any) -> bool:
+    """Whether ``value`` becomes an attribute only through its ``__str__``, which a user's class may make slow
+    or blocking: the events API converts those off the training thread (``events/values.py``)."""
+    return not (type(value) in _SCALARS or value is None or isinstance(value, (*_SCALARS, list, tuple, Mapping))
+                or isinstance(value, _CHEAP_TEXT) or (hasattr(value, "item") and hasattr(value, "dtype")))
+
+
 def _value(value: Any) -> Any:
     """One attribute value, or None when it cannot be represented at all."""
     if type(value) in _SCALARS:
@@ -178,8 +205,10 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
 
     Nothing asks ``content`` for its truth value or length: an array refuses
     one, and a user's Mapping may raise on it while its items read fine.
-    ``late``: one-element device tensors go there as (key, tensor), to be read
-    once computed (``events/values.py``), instead of being described.
+    ``late``: one-element device tensors, and objects that only their
+    ``__str__`` describes (``needs_text``), go there as (key, value), to be
+    read once computed or converted off the training thread
+    (``events/values.py``), instead of being described here.
     """
     out: dict[str, Any] = {}
     if content is None:
@@ -200,7 +229,7 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 out[name] = value if _INT64_MIN <= value <= _INT64_MAX else str(value)
             elif isinstance(value, Mapping):
                 _flatten(name + ".", value, out, 1)
-            elif late is not None and is_device_scalar(value):
+            elif late is not None and (is_device_scalar(value) or needs_text(value)):
                 late.append((name, value))
             else:
                 converted = _value(value)

@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained, log_once
-from otel_training.events.attributes import device_description, text, to_attributes
+from otel_training.events.attributes import describe_now, text, to_attributes
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_factory import record_error, start_span
 from otel_training.events.values import SPAN as SPAN_VALUES
@@ -163,7 +163,7 @@ class Duration:
         if span is None:
             return
         described = (values.defer(span, SPAN_VALUES, late) if values is not None
-                     else {key: device_description(value) for key, value in late})
+                     else {key: describe_now(value) for key, value in late})
         if described:
             span.set_attributes(described)
 
@@ -205,7 +205,7 @@ class Duration:
             if self._segment is not None:
                 self._end_segment()
             values = self._runtime.values if self._runtime is not None else None
-            if values is not None and values.items:  # what is read now goes on the span; the rest, later
+            if values is not None and (values.items or values.converting):  # what is read now goes on the span
                 waiting = values.ended(span)
                 if waiting:
                     span.set_attribute(sc.VALUES_PENDING, waiting)

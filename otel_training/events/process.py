@@ -17,7 +17,7 @@ from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.events.attributes import device_description, readable, text, to_attributes
+from otel_training.events.attributes import describe_now, readable, text, to_attributes
 from otel_training.events.duration import Duration
 from otel_training.events.runtime import EventsRuntime, current_recording_span, runtime, runtime_for
 
@@ -52,7 +52,7 @@ class Process:
         values = self.events_runtime().values
         timestamp = time.time_ns()
         described = (values.defer(span, timestamp, late) if values is not None
-                     else {key: device_description(value) for key, value in late})
+                     else {key: describe_now(value) for key, value in late})
         attributes.update(described)
         if len(described) < len(late):
             attributes[sc.VALUES_PENDING] = len(late) - len(described)
@@ -74,15 +74,17 @@ class Process:
 
     def info(self, msg: str, **content: Any) -> None:
         """A log-like event with a message, on the current span."""
-        attributes = to_attributes(content)
+        late: list[tuple[str, Any]] = []
+        attributes = to_attributes(content, late=late)
         attributes[sc.LOG_MESSAGE] = text(msg)
-        self._event(sc.EVENT_LOG_INFO, "#info", attributes)
+        self._event(sc.EVENT_LOG_INFO, "#info", attributes, late)
 
     def error(self, msg: str, **content: Any) -> None:
         """An error event with a message; does not change the span's status."""
-        attributes = to_attributes(content)
+        late: list[tuple[str, Any]] = []
+        attributes = to_attributes(content, late=late)
         attributes[sc.LOG_MESSAGE] = text(msg)
-        self._event(sc.EVENT_LOG_ERROR, "#error", attributes)
+        self._event(sc.EVENT_LOG_ERROR, "#error", attributes, late)
 
     def _span(self, span_name: str, event_name: str, attributes: dict[str, Any] | None,
               content: Mapping[str, Any] | None, kind: type[Duration] = Duration) -> Duration:

@@ -95,6 +95,8 @@ class EventsRuntime:
         if tracer is None:
             self.values = PendingValues(telemetry.deliver_values, float(telemetry.options.get("values_hold_s", 30.0)))
         telemetry.on_shutdown(self.close)
+        if self.values is not None:
+            telemetry.before_flush(self._settle_values)
         if tracer is None:
             telemetry.process_span = self.process_span
 
@@ -124,8 +126,12 @@ class EventsRuntime:
                 holder = self._process_spans.setdefault(target, _ProcessSpan(self, target))
         return holder.get()
 
+    def _settle_values(self, timeout_s: float) -> None:
+        if self.values is not None and self.values.pending:
+            self.values.settle(timeout_s)
+
     def close(self) -> None:
-        if self.values is not None and self.values.items:  # the device finishes its queue: a share of the exit
+        if self.values is not None and self.values.pending:  # the device finishes its queue: a share of the exit
             self.values.settle(self.telemetry.shutdown_share_s(0.25))
         for holder in list(self._process_spans.values()):
             holder.end()

@@ -17,10 +17,17 @@ Where the value goes:
 
 Values of an event (``trainer.log``) always travel that way, since an event cannot change once added; the
 event's timestamp names it. At shutdown what is still pending gets a share of the exit budget.
+
+**Objects that only their ``__str__`` describes** (a user's class: ``needs_text``) are converted by a thread
+of ours, started the first time one is logged and asleep otherwise, so a ``__str__`` that blocks for seconds
+holds up that thread, not the step. Their text always travels the second way (the span waits for export, not
+for the training thread). The text is taken when converted, not when logged: an object changed in between
+shows its later state. Known-cheap types (paths, enums, dates, UUIDs) are described where they are logged.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -30,7 +37,8 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span
 
 from otel_training._contain import log_once
-from otel_training.events.attributes import device_description, scalar_value
+from otel_training.events.attributes import described as text_value
+from otel_training.events.attributes import device_description, is_device_scalar, scalar_value
 
 #: Target of a value for the span's own attributes (an event's is its timestamp).
 SPAN = -1
@@ -111,15 +119,26 @@ class PendingValues:
         #: Values described instead of read (no reader, too many pending), and never read in time.
         self.described = 0
         self.unresolved = 0
+        #: Objects handed to the converter thread per span (its own attributes only), not yet counted at its end
+        #: (the hot path asks whether it is empty).
+        self.converting: dict[int, int] = {}
+        self._queue: queue.SimpleQueue[tuple[int, int, str, Any] | None] = queue.SimpleQueue()
+        self._converter: threading.Thread | None = None
+        self._unconverted = 0  # handed over and not converted yet (settle waits for them)
 
     # -- the training thread -----------------------------------------------------
     def defer(self, span: Span, target: int, values: list[tuple[str, Any]]) -> dict[str, Any]:
         """Start reading ``values`` (key, device scalar) for ``span``'s ``target``; what could not be deferred
         comes back as attributes (their descriptions)."""
-        reader = self._get_reader()
+        reader = None
         described: dict[str, Any] = {}
         started: list[_Item] = []
         for key, value in values:
+            if not is_device_scalar(value):
+                self._convert(span, target, key, value)
+                continue
+            if reader is None:
+                reader = self._get_reader()
             handle = None
             if reader is not None and len(self.items) + len(started) < MAX_PENDING:
                 try:
@@ -136,6 +155,11 @@ class PendingValues:
             with self._lock:
                 self.items = (*self.items, *started)
         return described
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything is being read or converted (the hot path asks ``items`` alone)."""
+        return bool(self.items or self.converting or self._unconverted)
 
     def poll(self) -> None:
         """Deliver the values whose copies have completed (no wait); called by the events API's begin and end."""
@@ -166,7 +190,7 @@ class PendingValues:
         caller sets ``training.values.pending`` on it); those go to the pipeline once read."""
         self.poll()
         span_id = span.get_span_context().span_id
-        waiting = 0
+        waiting = self.converting.pop(span_id, 0) if self.converting else 0
         for item in self.items:
             if item.span_id == span_id:
                 item.ended = True
@@ -176,12 +200,48 @@ class PendingValues:
     def settle(self, timeout_s: float) -> None:
         """Read what is pending, waiting at most ``timeout_s`` (shutdown: the device finishes its queue)."""
         deadline = time.monotonic() + timeout_s
-        while self.items and time.monotonic() < deadline:
+        while (self.items or self._unconverted) and time.monotonic() < deadline:
             self.poll()
-            if self.items:
+            if self.items or self._unconverted:
                 time.sleep(0.001)
 
     # -- internals -------------------------------------------------------------------
+    def _convert(self, span: Span, target: int, key: str, value: Any) -> None:
+        """Hand ``value`` to the converter thread (started on first use); its text goes to the pipeline."""
+        span_id = span.get_span_context().span_id
+        if target == SPAN:
+            if len(self.converting) >= MAX_PENDING:
+                self.converting.clear()  # spans that never ended: their counts are forgotten, not kept
+            self.converting[span_id] = self.converting.get(span_id, 0) + 1
+        with self._lock:
+            self._unconverted += 1
+            if self._converter is None or not self._converter.is_alive():
+                self._converter = threading.Thread(target=self._run_converter, name="otel-training-values",
+                                                   daemon=True)
+                self._converter.start()
+        self._queue.put((span_id, target, key, value))
+
+    def _run_converter(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            span_id, target, key, value = job
+            try:
+                converted = text_value(value)
+            except Exception:  # noqa: BLE001 - text() never raises; this is belt and braces
+                converted = None
+            try:
+                if converted is not None:
+                    self._deliver(span_id, target, {key: converted})
+                else:
+                    self.unresolved += 1
+            except Exception:  # noqa: BLE001 - never raise out of the converter
+                log_once("values-deliver", "otel_training: could not deliver a converted value")
+            finally:
+                with self._lock:
+                    self._unconverted -= 1
+
     def _get_reader(self) -> ValueReader | None:
         reader = self._reader
         if reader is False:

@@ -93,6 +93,7 @@ class Telemetry:
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
         self._on_shutdown: list[Callable[[], None]] = []
+        self._before_flush: list[Callable[[float], None]] = []
         #: ``time.monotonic()`` by which the shutdown in progress must return (None before one).
         self.shutdown_deadline: float | None = None
         #: Wall-clock ns at which this process was created (the resource's ``process.creation.time``,
@@ -228,6 +229,11 @@ class Telemetry:
         if self.late_values is not None:
             self.late_values.tick()
 
+    def before_flush(self, callback: Callable[[float], None]) -> None:
+        """Run ``callback(seconds)`` at the start of every flush, with a quarter of its budget: what still feeds
+        spans (device values being read, objects being converted) finishes first, so the flush exports it."""
+        self._before_flush.append(callback)
+
     def on_shutdown(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
         self._on_shutdown.append(callback)
@@ -278,6 +284,8 @@ class Telemetry:
         start = time.monotonic()
         if self.is_shut_down:
             return self._shutdown_result  # type: ignore[return-value]
+        for callback in self._before_flush:
+            call_contained(callback, 0.25 * timeout_s)
         # The timeout goes to the provider too: the offloaded one asks the drain to flush no longer than this,
         # and the SDK's stops its export in the background by then rather than after its own 30 s.
         completed = run_with_deadline(lambda: self.tracer_provider.force_flush(millis(timeout_s)), timeout_s,

@@ -10,8 +10,8 @@ and without the marker. A span whose values do not come within ``hold_s`` (the d
 died) is passed on without them, naming the missing keys (``training.values.unresolved``); a flush or a
 shutdown passes on everything held. Nothing is held longer than ``hold_s`` nor more than ``max_held`` spans.
 
-Values may also arrive before their span ends (read between the event and the span's end): they are kept,
-at most ``max_held`` spans' worth, and applied when it ends.
+Values may also arrive before their span ends (an event's value read before its span ended, however long the
+span runs: an epoch's): they are kept, at most ``max_held`` spans' worth, and applied when it ends.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class LateValuesSpanProcessor(SpanProcessor):
             held = self._held.get(span_id)
             if waiting or held is not None:
                 if held is None:
-                    held = self._held[span_id] = _Held(span, self._clock() + self.hold_s)
-                held.span, held.waiting = span, waiting
+                    held = self._held[span_id] = _Held(span, 0.0)
+                held.span, held.waiting, held.deadline = span, waiting, self._clock() + self.hold_s
                 for target, values in held.values.items():  # arrived before the span ended
                     if target in held.waiting:
                         held.waiting[target] = max(0, held.waiting[target] - len(values))
@@ -102,7 +102,7 @@ class LateValuesSpanProcessor(SpanProcessor):
                 if len(self._held) >= self.max_held:
                     self.unresolved += 1
                     return
-                held = self._held[span_id] = _Held(None, self._clock() + self.hold_s)
+                held = self._held[span_id] = _Held(None, 0.0)
             held.values.setdefault(target, {}).update(values)
             if held.span is not None and target in held.waiting:
                 held.waiting[target] = max(0, held.waiting[target] - len(values))
@@ -132,7 +132,9 @@ class LateValuesSpanProcessor(SpanProcessor):
         if not self._held or (now < self._next_expiry and not every_time):
             return []
         self._next_expiry = now + 0.1
-        late = [span_id for span_id, held in self._held.items() if held.deadline <= now]
+        # Values that came before their span ended wait for it however long it runs (an epoch's event): only
+        # ended spans expire; the early ones are bounded by max_held.
+        late = [span_id for span_id, held in self._held.items() if held.span is not None and held.deadline <= now]
         return [span for span in (self._release(span_id, expired=True) for span_id in late) if span is not None]
 
     def _release_all(self) -> None:
