@@ -15,6 +15,12 @@ an ``all_gather`` of the loss for logging, optimizer step.
 * ``kill``: rank R SIGKILLs itself before its forward pass;
 * ``equal``: every rank sleeps before its forward pass;
 * ``freeze``: rank R SIGSTOPs itself (frozen: no heartbeat) before its forward pass;
+* ``slow_data``: rank R's Dataset blocks for ``--hang-s`` seconds while its
+  DataLoader fetches step K's batch (slow storage), then the job goes on: a hang
+  that recovers;
+* ``after_step``: rank R sleeps ``--hang-s`` seconds right after step K's
+  ``optimizer.step()``, between two steps (a slow logging or checkpoint call
+  there), then the job goes on;
 * ``healthy``: no fault; every 6 steps rank 0 saves a checkpoint while the others
   wait in a barrier, and every 6 steps (offset 3) every rank evaluates, each for
   ``--pause`` seconds; runs ``--steps`` steps and exits 0.
@@ -40,7 +46,8 @@ from otel_training.integrations.torch import TorchInstrumentor
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenario", default="healthy",
-                        choices=("healthy", "sleeper", "skip", "kill", "equal", "freeze"))
+                        choices=("healthy", "sleeper", "skip", "kill", "equal", "freeze", "slow_data",
+                                 "after_step"))
     parser.add_argument("--culprit", type=int, default=1)
     parser.add_argument("--at-step", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1000)
@@ -58,7 +65,19 @@ def main() -> int:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 16))
+    slow = {"armed": False}
+
+    class Storage(torch.utils.data.TensorDataset):
+        """Reads that block once, when armed: slow storage under one rank's DataLoader."""
+
+        def __getitem__(self, index: int):
+            if slow["armed"]:
+                slow["armed"] = False
+                print(f"HANG rank={rank} step={args.at_step}", flush=True)
+                time.sleep(args.hang_s)
+            return super().__getitem__(index)
+
+    data = Storage(torch.randn(64, 16), torch.randn(64, 16))
     checkpoint = os.path.join(os.environ.get("HANG_WORKER_DIR", "."), f"ckpt-{rank}.pt")
 
     def batches():
@@ -86,6 +105,11 @@ def main() -> int:
             dist.all_gather(losses, loss.detach().reshape(1))
         optimizer.step()
         optimizer.zero_grad()
+        if args.scenario == "slow_data" and rank == args.culprit and step == args.at_step - 1:
+            slow["armed"] = True  # the next fetch, step K's, reads from slow storage
+        if args.scenario == "after_step" and rank == args.culprit and step == args.at_step:
+            print(f"HANG rank={rank} step={step}", flush=True)
+            time.sleep(args.hang_s)  # between this step and the next: no step of its own is open
         if args.scenario == "healthy" and step % 6 == 0 and step:
             if rank == 0:
                 torch.save(model.state_dict(), checkpoint)

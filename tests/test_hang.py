@@ -6,7 +6,8 @@ import html
 import importlib.util
 
 from otel_training import semconv as sc
-from otel_training.analysis.hang import GroupView, HangTracker, RankView, render, verdict, verdicts_from_records
+from otel_training.analysis.hang import GroupView, RankView, render, verdict
+from otel_training.analysis.hang_tracker import HangTracker, verdicts_from_records
 from otel_training.analysis.records import RunKey, SpanRecord
 
 
@@ -167,3 +168,93 @@ def test_the_report_prints_the_verdict_from_the_records_it_reads():
         from otel_training.report.html import render_html
 
         assert html.escape("\n".join(report.hang)) in render_html(report)
+
+
+# -- every episode of a run (analysis.hang_episodes) ------------------------------------------------------------
+S = 1_000_000_000
+
+
+def _alert(rank_number: int, at_s: float, kind: str, span: str, elapsed_s: float, step: int | None = None,
+           **attributes) -> SpanRecord:
+    run = RunKey(job_id="j", rank=rank_number, restart=0, run_id="r")
+    at = int(at_s * S)
+    values = {sc.ALERT_KIND: kind, sc.ALERT_SPAN_ID: span, sc.ALERT_ELAPSED_S: elapsed_s, **attributes}
+    if step is not None:
+        values[sc.STEP] = step
+    return SpanRecord(sc.SPAN_ALERT, at, at, run, values)
+
+
+def _hang_at(step: int, at_s: float, span_suffix: str, sleeper: int = 2, recover_s: float | None = 12.0) -> list:
+    """Ranks 0, 1, 3 wait in allreduce #2s+2 while ``sleeper`` is stuck in its data loading (not entered)."""
+    records = []
+    seq = 2 * step + 2
+    for r in range(4):
+        view = _collective(seq - 2, seq - 2, "allreduce", step - 1) if r == sleeper else \
+            _collective(seq, seq - 1, "allreduce", step, 2.0)
+        records.append(_alert(r, at_s + 2, sc.ALERT_KIND_STUCK, f"{r}{span_suffix}", 2.0, step, **view))
+        if recover_s is not None:
+            records.append(_alert(r, at_s + recover_s, sc.ALERT_KIND_RECOVERED, f"{r}{span_suffix}", recover_s, step))
+    return records
+
+
+def test_a_hang_that_recovered_gets_its_own_verdict_with_its_length_and_steps():
+    records = [_record(sc.SPAN_STEP, r, int(s * S), **{sc.STEP: s}) for r in range(4) for s in range(1, 80)]
+    records += _hang_at(25, 30.0, "a")
+    tracker = HangTracker()
+    for record in records:
+        tracker.add(record)
+    (episodes,) = tracker.episodes().values()
+    (episode,) = episodes
+    assert episode.recovered and episode.ranks == (0, 1, 2, 3) and episode.steps == (25,)
+    assert abs(episode.seconds(0) - 12.0) < 1e-6
+    assert [(c.rank, c.reason) for c in episode.verdict.culprits] == [(2, sc.HANG_REASON_NOT_ENTERED)]
+    assert episode.verdict.waiting == {0: (2,), 1: (2,), 3: (2,)}
+    lines = tracker.episode_lines()
+    assert lines[0] == "Hang episode 1: 12.0 s, step 25, rank(s) 0, 1, 2, 3 stuck, recovered"
+    assert lines[1].startswith("  Hang verdict: culprit rank 2 (not_entered")
+    assert tracker.lines() == []  # nothing is stuck when the files end: no end-state verdict
+
+
+def test_each_episode_of_a_run_is_judged_apart_and_duplicate_reporters_make_one_episode():
+    records = _hang_at(25, 30.0, "a", sleeper=2) + _hang_at(60, 100.0, "b", sleeper=1, recover_s=None)
+    # the watchdog sidecar reporting the same stuck span as the detector: one interval, not two
+    records.append(_alert(0, 33.0, sc.ALERT_KIND_STUCK, "0a", 3.0, 25, **{sc.ALERT_SOURCE: "watchdog"}))
+    records.append(_alert(0, 42.0, sc.ALERT_KIND_RECOVERED, "0a", 12.0, 25, **{sc.ALERT_SOURCE: "watchdog"}))
+    half = len(records) // 2
+    one, two = HangTracker(), HangTracker()
+    for record in records[:half]:
+        one.add(record)
+    for record in records[half:]:
+        two.add(record)
+    one.update(two)  # parts read in parallel merge to the same episodes
+    (episodes,) = one.episodes().values()
+    first, second = episodes
+    assert first.recovered and [c.rank for c in first.verdict.culprits] == [2]
+    assert not second.recovered and [c.rank for c in second.verdict.culprits] == [1] and second.steps == (60,)
+    assert "still stuck when the files end" in one.episode_lines()[-3]
+
+
+def test_a_rank_silent_while_the_others_waited_is_named_as_inferred():
+    """Rank 3 was blocked between its steps (after optimizer.step(), unwatched): no alert of its own."""
+    records = [_record(sc.SPAN_STEP, r, int(s * S), **{sc.STEP: s}) for r in range(4) for s in range(1, 10)]
+    for r in range(3):
+        records.append(_alert(r, 12.0, sc.ALERT_KIND_STUCK, f"{r}x", 2.0, 9, **_collective(20, 19, "allreduce", 9, 2.0)))
+        records.append(_alert(r, 20.0, sc.ALERT_KIND_RECOVERED, f"{r}x", 10.0, 9))
+    tracker = HangTracker()
+    for record in records:
+        tracker.add(record)
+    ((episode,),) = tracker.episodes().values()
+    assert [(c.rank, c.reason) for c in episode.verdict.culprits] == [(3, "silent_during_hang")]
+    assert "(inferred)" in episode.verdict.culprits[0].detail and episode.verdict.waiting[0] == (3,)
+
+
+def test_the_episodes_kept_per_rank_are_bounded_and_are_the_longest():
+    from otel_training.analysis.hang_episodes import MAX_PER_RANK
+
+    tracker = HangTracker()
+    for index in range(3 * MAX_PER_RANK):
+        length = 100.0 if index == 7 else 1.0
+        tracker.add(_alert(0, 10.0 * index + length, sc.ALERT_KIND_STUCK, f"s{index}", length))
+        tracker.add(_alert(0, 10.0 * index + length, sc.ALERT_KIND_RECOVERED, f"s{index}", length))
+    (episodes,) = tracker.episodes().values()
+    assert len(episodes) <= MAX_PER_RANK and max(episode.seconds(0) for episode in episodes) == 100.0

@@ -20,7 +20,8 @@ from hang_ranks import Ranks, alerts, env_for, gauges, heartbeat, rank_view, rec
 from waiting import wait_until  # noqa: E402
 
 from otel_training import semconv as sc  # noqa: E402
-from otel_training.analysis.hang import render, verdict, verdicts_from_records  # noqa: E402
+from otel_training.analysis.hang import render, verdict  # noqa: E402
+from otel_training.analysis.hang_tracker import verdicts_from_records  # noqa: E402
 from otel_training.integrations.torch.collectives import supported  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600),
@@ -144,6 +145,41 @@ def test_every_rank_delayed_equally_is_no_single_culprit(tmp_path: Path):
         assert "outside collectives" in result.summary
     printed = _report(out, 2)
     assert f"Hang verdict: {offline.summary}" in printed, printed
+
+
+def test_a_rank_whose_data_loading_blocked_and_recovered_gets_the_episodes_verdict(tmp_path: Path):
+    """Four ranks; rank 2's storage blocks for 6 s at step 4 (past the 2 s threshold), then the job goes on and
+    ends: nobody is stuck when the files end, and the report still says who held the others up, in what, for
+    how long (issue 28)."""
+    out = tmp_path / "out"
+    args = ["--scenario", "slow_data", "--culprit", "2", "--at-step", str(AT_STEP), "--hang-s", "6", "--steps", "10"]
+    with Ranks(out, 4, args, env_for(out)) as ranks:
+        assert wait_until(lambda: all(ranks.printed(r, r"DONE rank=\d") for r in range(4)), DEADLINE_S, 0.2), \
+            ranks.outputs()
+    assert all(alerts(out, rank, sc.ALERT_KIND_RECOVERED) for rank in range(4))
+    offline, _ = _offline_verdict(out, 4)
+    assert not offline.hung  # the end state: nothing stuck
+    printed = _report(out, 4)
+    (episode,) = [line for line in printed.splitlines() if line.startswith("Hang episode")]
+    match = re.match(r"Hang episode 1: ([\d.]+) s, step 4, rank\(s\) 0, 1, 2, 3 stuck, recovered$", episode)
+    assert match and 5.0 <= float(match.group(1)) < 30.0, printed
+    assert "  Hang verdict: culprit rank 2 (not_entered: " in printed, printed
+    assert "has not entered allreduce" in printed and "  rank(s) 0, 1, 3 waiting on rank 2" in printed, printed
+
+
+def test_a_rank_blocked_between_its_steps_is_named_from_its_silence_while_the_others_waited(tmp_path: Path):
+    """Rank 1 sleeps 6 s after step 4's optimizer.step(), outside any step: it has no stuck alert of its own,
+    while the others wait in step 5's gradient all-reduce. The episode's verdict names it, saying it is
+    inferred (until the time between steps is watched: issue 27)."""
+    out = tmp_path / "out"
+    args = ["--scenario", "after_step", "--culprit", "1", "--at-step", str(AT_STEP), "--hang-s", "6", "--steps", "10"]
+    with Ranks(out, 3, args, env_for(out)) as ranks:
+        assert wait_until(lambda: all(ranks.printed(r, r"DONE rank=\d") for r in range(3)), DEADLINE_S, 0.2), \
+            ranks.outputs()
+    printed = _report(out, 3)
+    assert re.search(r"^Hang episode 1: [\d.]+ s, step 5, rank\(s\) 0, 2 stuck, recovered$", printed, re.M), printed
+    assert "  Hang verdict: culprit rank(s) 1 (silent_during_hang: " in printed and "(inferred)" in printed, printed
+    assert "  rank(s) 0, 2 waiting on rank 1" in printed, printed
 
 
 def test_a_healthy_job_with_checkpoint_and_evaluation_pauses_has_no_verdict(tmp_path: Path):

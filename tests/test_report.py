@@ -548,6 +548,12 @@ def test_json_output_carries_every_figure_of_the_summary(tmp_path: Path) -> None
         threshold = "" if alert["threshold_s"] is None else f" (threshold {alert['threshold_s']:.1f} s)"
         assert any(item.startswith(f"  rank {alert['rank']} restart {alert['restart']}: ")
                    and item.endswith(f" {alert['kind']}{elapsed}{threshold}") for item in lines), alert
+    for number, episode in enumerate(figures["hang_episodes"], 1):
+        state = "recovered" if episode["recovered"] else "still stuck when the files end"
+        assert any(item.startswith(f"Hang episode {number}: {episode['seconds']:.1f} s")
+                   and item.endswith(f"rank(s) {', '.join(map(str, episode['ranks']))} stuck, {state}")
+                   for item in lines), episode
+        assert f"  Hang verdict: {episode['verdict']}" in lines
     assert figures["problems"] == [] and "input problems" not in text
     # Standard output holds the JSON alone with "-".
     alone = subprocess.run(

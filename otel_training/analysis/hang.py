@@ -19,22 +19,19 @@ job, they answer the question on call:
 
 The same rules run live as Prometheus rules (collector-config/alert-rules.yml);
 this module is the offline one, a pure function over records, used by the
-report. ``render`` turns a verdict into the lines the report prints.
+report. ``render`` turns a verdict into the lines the report prints; ``hang_tracker.py`` reads the records
+for it, and ``hang_episodes.py`` gives every hang of a run its own verdict.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.analysis.records import RunKey, SpanRecord
 
-#: Steps of each rank shown in the timeline around the hang.
-TIMELINE_STEPS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,165 +171,6 @@ def group_view(attributes: Mapping[str, Any]) -> GroupView | None:
         step=int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None,
         wait_s=float(attributes.get(sc.COLLECTIVE_WAIT_S, 0.0) or 0.0),
     )
-
-
-@dataclasses.dataclass
-class _Rank:
-    """What one rank's spans say, kept small: its last steps, not all of them."""
-
-    #: The latest step span's view, and the latest first stuck alert's, each with its time.
-    step_view: GroupView | None = None
-    step_ns: int = -1
-    alert_view: GroupView | None = None
-    alert_ns: int = -1
-    stuck: int = 0
-    recovered: int = 0
-    died: bool = False
-    #: A min-heap of its last ``TIMELINE_STEPS`` step spans with collective attributes: (end, step, n, view),
-    #: ``n`` numbering them as added so that views are never compared.
-    timeline: list[tuple[int, int, int, GroupView]] = dataclasses.field(default_factory=list)
-    added: int = 0
-
-    @property
-    def stuck_open(self) -> bool:
-        return self.stuck > self.recovered
-
-    @property
-    def view(self) -> GroupView | None:
-        """Its view at the hang: the stuck alert's (taken while stuck) while one is open, else the latest."""
-        if self.stuck_open and self.alert_view is not None:
-            return self.alert_view
-        return self.alert_view if self.alert_ns > self.step_ns else self.step_view
-
-    def add_step(self, end_ns: int, step: int, view: GroupView) -> None:
-        if end_ns > self.step_ns:
-            self.step_view, self.step_ns = view, end_ns
-        self.added += 1
-        item = (end_ns, step, -self.added, view)
-        if len(self.timeline) < TIMELINE_STEPS:
-            heapq.heappush(self.timeline, item)
-        elif item[:2] > self.timeline[0][:2]:
-            heapq.heapreplace(self.timeline, item)
-
-    def update(self, other: _Rank) -> None:
-        if other.step_view is not None:
-            for end_ns, step, _, view in other.timeline:
-                self.add_step(end_ns, step, view)
-            if other.step_ns > self.step_ns:
-                self.step_view, self.step_ns = other.step_view, other.step_ns
-        if other.alert_view is not None and other.alert_ns > self.alert_ns:
-            self.alert_view, self.alert_ns = other.alert_view, other.alert_ns
-        self.stuck += other.stuck
-        self.recovered += other.recovered
-        self.died = self.died or other.died
-
-
-class HangTracker:
-    """The verdict's input, read span by span in bounded memory and mergeable across files.
-
-    The report streams millions of spans through it: per rank it keeps a few
-    views and its last ``TIMELINE_STEPS`` steps with collective attributes,
-    whatever the order the spans arrive in, so parts read in parallel merge
-    to the result of one pass.
-    """
-
-    def __init__(self) -> None:
-        # Plain dicts, no lambdas: a part is pickled from the report's worker processes.
-        self._runs: dict[tuple[str, str], dict[int, _Rank]] = {}
-
-    def _rank(self, key: RunKey) -> _Rank:
-        by_rank = self._runs.setdefault((key.job_id, key.run_id), {})
-        rank = by_rank.get(key.rank)
-        if rank is None:
-            rank = by_rank[key.rank] = _Rank()
-        return rank
-
-    def step(self, key: RunKey, end_ns: int, attributes: Mapping[str, Any]) -> None:
-        """A step span (only those with ``training.collective.*`` attributes count)."""
-        view = group_view(attributes)
-        if view is not None:
-            step = attributes.get(sc.STEP)
-            self._rank(key).add_step(
-                end_ns, step if type(step) is int else -1, view)
-
-    def alert(self, key: RunKey, start_ns: int, attributes: Mapping[str, Any]) -> None:
-        kind = attributes.get(sc.ALERT_KIND)
-        if kind not in _ALERT_KINDS:
-            return
-        rank = self._rank(key)
-        if kind == sc.ALERT_KIND_DIED:
-            rank.died = True
-        elif kind == sc.ALERT_KIND_RECOVERED:
-            rank.recovered += 1
-        elif not attributes.get(sc.ALERT_REPEAT):
-            rank.stuck += 1
-            view = group_view(attributes)
-            if view is not None and start_ns >= rank.alert_ns:
-                rank.alert_view, rank.alert_ns = view, start_ns
-
-    def add(self, record: SpanRecord) -> None:
-        if record.name == sc.SPAN_STEP:
-            self.step(record.run, record.end_ns, record.attributes)
-        elif record.name == sc.SPAN_ALERT:
-            self.alert(record.run, record.start_ns, record.attributes)
-
-    def update(self, other: HangTracker) -> None:
-        for run, by_rank in other._runs.items():
-            mine = self._runs.setdefault(run, {})
-            for number, rank in by_rank.items():
-                mine.setdefault(number, _Rank()).update(rank)
-
-    def results(self) -> dict[tuple[str, str], tuple[Verdict, dict[int, list[str]]]]:
-        """Per (job id, run id): the verdict, and each rank's timeline of its last collectives."""
-        result = {}
-        for key, by_rank in sorted(self._runs.items()):
-            views = []
-            for number, r in sorted(by_rank.items()):
-                view = r.view
-                views.append(RankView(number, {view.group: view} if view is not None else {}, died=r.died,
-                                      stuck=r.stuck_open))
-            result[key] = (verdict(views), {number: _timeline(r) for number, r in sorted(by_rank.items())})
-        return result
-
-    def lines(self) -> list[str]:
-        """The report's lines: ``render`` of each run that hung, headed by its run where there are several."""
-        hung = [(key, found) for key, found in self.results().items() if found[0].hung]
-        lines = []
-        for (job_id, run_id), (result, timelines) in hung:
-            if len(hung) > 1:
-                lines.append(f"job {job_id} run {run_id}:")
-            lines.extend(render(result, timelines))
-        return lines
-
-
-_ALERT_KINDS = frozenset({sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED, sc.ALERT_KIND_DIED})
-
-
-def verdicts_from_records(records: Iterable[SpanRecord]) -> dict[tuple[str, str], tuple[Verdict, dict[int, list[str]]]]:
-    """Per (job id, run id): the verdict, and each rank's timeline of its last collectives.
-
-    Reads step spans and alert spans only (their ``training.collective.*``
-    attributes). A stuck alert's view (taken while the rank was stuck) wins
-    over the last step's while the alert is open.
-    """
-    tracker = HangTracker()
-    for record in records:
-        tracker.add(record)
-    return tracker.results()
-
-
-def _timeline(rank: _Rank) -> list[str]:
-    lines = []
-    for _end, step, _, view in sorted(rank.timeline):
-        lines.append(f"step {step}: last entered {view.op} #{view.entered}, completed #{view.completed}")
-    view = rank.view
-    if view is not None and rank.stuck_open and view.pending:
-        lines.append(f"stuck: inside {view.op} #{view.entered} on group {view.group} for {view.wait_s:.1f} s")
-    elif rank.stuck_open:
-        lines.append("stuck: outside any collective")
-    if rank.died:
-        lines.append("died")
-    return lines
 
 
 def render(result: Verdict, timelines: Mapping[int, list[str]] | None = None) -> list[str]:

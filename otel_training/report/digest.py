@@ -21,7 +21,7 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training.analysis import RunSummary, SpanRecord, span_label, times_step
 from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs, normalize_span_id
-from otel_training.analysis.hang import HangTracker
+from otel_training.analysis.hang_tracker import HangTracker
 from otel_training.analysis.stragglers import window_bounds
 
 #: Steps per rank kept for the step-time plot (every n-th, n doubling as the run grows), and the

@@ -273,11 +273,16 @@ def _rank_table(report: JobReport) -> str:
 
 
 def _hang(report: JobReport) -> str:
-    if not report.hang:
+    if not report.hang and not report.hang_episode_lines:
         return ""
-    return ('<h2>Hang verdict</h2><pre class="hang">' + html.escape("\n".join(report.hang)) + "</pre>\n"
-            '<p>How to read it: <a href="https://github.com/otel-training/otel-training/blob/main/docs/hang-diagnosis.md">'
-            "docs/hang-diagnosis.md</a>.</p>\n")
+    episodes = ('<h2>Hang episodes</h2><pre class="hang">' + html.escape("\n".join(report.hang_episode_lines))
+                + "</pre>\n") if report.hang_episode_lines else ""
+    verdict = ('<h2>Hang verdict</h2><pre class="hang">' + html.escape("\n".join(report.hang)) + "</pre>\n"
+               ) if report.hang else ""
+    return (episodes + verdict +
+            # Text, not a link: the page loads nothing and links nowhere (it may be read offline, or behind a
+            # proxy that must not see the job's names in a referrer).
+            "<p>How to read it: docs/hang-diagnosis.md in otel-training's documentation.</p>\n")
 
 
 #: The page's plots, in its order: (element id, drawing function, drawn only for a job with steps).

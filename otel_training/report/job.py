@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from otel_training.analysis import GoodputAccount, SpanRecord, StepStats, StragglerScore
 from otel_training.analysis.goodput import job_account
+from otel_training.analysis.hang_episodes import Episode
 from otel_training.analysis.stragglers import (
     DEFAULT_THRESHOLD,
     WINDOW,
@@ -59,6 +60,10 @@ class JobReport:
     intervals: dict[tuple[int, str], list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
     #: The hang verdict (culprit ranks, who waits on whom, each rank's last collectives); empty if none hung.
     hang: list[str] = dataclasses.field(default_factory=list)
+    #: Every episode of stuck ranks with its verdict, recovered or not (``analysis/hang_episodes.py``): per (job
+    #: id, run id), oldest first; and the lines the summary prints for them.
+    hang_episodes: dict[tuple[str, str], list[Episode]] = dataclasses.field(default_factory=dict)
+    hang_episode_lines: list[str] = dataclasses.field(default_factory=list)
     #: Seconds the host steps waited for their batches. Beside ``data_loading`` (the time the accelerator,
     #: or on the host timeline the step, sat idle for input) it says how much of the waiting cost nothing.
     data_wait_s: float = 0.0
@@ -139,6 +144,8 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
         window_edges={rank.rank: rank.edges for rank in with_steps},
         intervals=dict(part.intervals.spans),
         hang=part.hang.lines(),
+        hang_episodes=part.hang.episodes(),
+        hang_episode_lines=part.hang.episode_lines(),
         data_wait_s=part.data_wait_s,
     )
 

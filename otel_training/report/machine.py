@@ -14,6 +14,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import PRODUCTIVE
+from otel_training.analysis.hang_episodes import Episode
 from otel_training.analysis.steps import StepStats
 from otel_training.report.job import JobReport
 
@@ -66,6 +67,8 @@ def report_json(report: JobReport) -> dict[str, Any]:
         "stragglers": {"ranks": report.straggler_ranks, "window_steps": report.straggler_window,
                        "threshold": report.straggler_threshold, "lines": report.straggler_lines()},
         "hang": list(report.hang),
+        "hang_episodes": [_episode(job_id, run_id, episode, report.end_ns)
+                          for (job_id, run_id), episodes in report.hang_episodes.items() for episode in episodes],
         "alerts": [{"rank": alert.rank, "restart": alert.restart, "time_ns": alert.time_ns, "kind": alert.kind,
                     "span_name": alert.span_name, "step": alert.step, "device": alert.device or None,
                     "elapsed_s": alert.elapsed_s, "threshold_s": alert.threshold_s, "stacks": alert.stacks}
@@ -73,6 +76,18 @@ def report_json(report: JobReport) -> dict[str, Any]:
         "problems": [{"path": problem.path, "line": problem.line, "message": problem.message}
                      for problem in report.problems],
     }
+
+
+def _episode(job_id: str, run_id: str, episode: Episode, end_ns: int) -> dict[str, Any]:
+    result = episode.verdict
+    return {"job_id": job_id, "run_id": run_id, "begin_ns": episode.begin_ns, "end_ns": episode.end_ns,
+            "seconds": episode.seconds(end_ns), "recovered": episode.recovered, "ranks": list(episode.ranks),
+            "steps": list(episode.steps), "verdict": result.summary,
+            "culprits": [{"rank": culprit.rank, "reason": culprit.reason, "group": culprit.group or None,
+                          "detail": culprit.detail} for culprit in result.culprits],
+            "no_single_culprit": result.no_single_culprit,
+            "collective": {"group": result.group, "seq": result.seq, "op": result.op} if result.group else None,
+            "waiting": {str(rank): list(culprits) for rank, culprits in result.waiting.items()}}
 
 
 def _finite(value: Any) -> Any:

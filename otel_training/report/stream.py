@@ -301,6 +301,8 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
             lo, hi = min(span[1] for span in spans), max(span[2] for span in spans)
             part.span_count += len(spans) - 1
             part.span(lo, hi)
+            if role == sc.ROLE_TRAINER:
+                hang.seen(key, hi)  # a rank of its run (one silent during a hang is named), and how far it goes
             if run is not None:  # before any span is fed: its life's start is the earliest read
                 run.min_start = min(run.min_start, lo)
                 run.max_end = max(run.max_end, hi)

@@ -73,6 +73,7 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
     stragglers = report.straggler_ranks
     add("stragglers: " + (", ".join(f"rank {rank}" for rank in stragglers) if stragglers else "none"))
     lines.extend(f"  {line}" for line in report.straggler_lines())
+    lines.extend(_safe(line) for line in report.hang_episode_lines)
     lines.extend(_safe(line) for line in report.hang)
     if report.alerts:
         add(f"alerts: {len(report.alerts)}")
