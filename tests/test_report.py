@@ -542,6 +542,7 @@ def test_json_output_carries_every_figure_of_the_summary(tmp_path: Path) -> None
     stragglers = figures["stragglers"]
     assert line("stragglers: ") == "stragglers: " + ", ".join(f"rank {rank}" for rank in stragglers["ranks"])
     assert stragglers["ranks"] == [1] and all(f"  {item}" in lines for item in stragglers["lines"])
+    assert all(f"  {item}" in lines for item in stragglers["job_slow_windows"])
     assert line("alerts: ") == f"alerts: {len(figures['alerts'])}"
     for alert in figures["alerts"]:
         elapsed = "" if alert["elapsed_s"] is None else f" after {alert['elapsed_s']:.1f} s"

@@ -32,18 +32,19 @@ def _late(slow_steps: int, total: int = 60, factor: float = 1.5, seed: int = 1) 
 
 @pytest.mark.parametrize("slow_steps", [20, 30])
 @pytest.mark.parametrize("window", [None, *range(10, 21)])
-def test_a_rank_slow_for_the_last_steps_is_named_alone(slow_steps: int, window: int | None) -> None:
-    # Alone it is the fastest rank, so only the individual view can name it: the whole-run
-    # scores were 0.975 (last 20 of 60) and 0.794 (last 30), and neither was named.
+def test_a_one_rank_job_is_never_named_and_its_slow_stretch_is_a_job_wide_slow_window(
+        slow_steps: int, window: int | None) -> None:
+    # A one-rank job has no peers (issue 28): the slowdown is the job's. Its slow windows are found on the
+    # individual view (the whole-run scores were 0.975 and 0.794 and would have hidden them) and kept as
+    # job-wide windows, in the slow stretch, not before it.
     durations = _late(slow_steps)
     (score,) = straggler_scores({0: durations}) if window is None else straggler_scores({0: durations}, window=window)
-    assert score.relative == 1.0
-    assert score.straggler
+    assert score.relative == 1.0 and not score.straggler and score.slow_windows == ()
     assert score.individual == pytest.approx(1 / 1.5, abs=0.05)
     worst = score.worst_window
     assert worst is not None and worst.view == "individual"
-    assert worst.first >= 60 - slow_steps - (window or WINDOW) // 2  # in the slow stretch, not before it
-    assert all(window_score.last >= 60 - slow_steps for window_score in score.slow_windows)
+    assert worst.first >= 60 - slow_steps - (window or WINDOW) // 2
+    assert score.shared_windows and all(w.last >= 60 - slow_steps for w in score.shared_windows)
 
 
 @pytest.mark.parametrize("slow_steps", [20, 30])
@@ -89,16 +90,16 @@ def test_the_window_length_decides_how_short_a_slow_stretch_is_named() -> None:
     (long,) = straggler_scores({0: durations}, window=20)
     assert [(w.first, w.last) for w in short.windows] == [(first, first + 9) for first in range(0, 60, 10)]
     assert [(w.first, w.last) for w in long.windows] == [(0, 19), (20, 39), (40, 59)]
-    assert short.straggler and [(w.first, w.last) for w in short.slow_windows] == [(20, 29)]
-    assert not long.straggler
+    assert [(w.first, w.last) for w in short.shared_windows] == [(20, 29)]
+    assert not long.shared_windows and not short.straggler and not long.straggler  # one rank: never named
 
 
 def test_the_last_window_counts_from_half_a_window_and_a_short_run_is_one_window() -> None:
     (waits,) = straggler_scores({0: [1.0] * 60 + [3.0] * 4}, window=10)
-    assert waits.windows[-1].last == 59 and not waits.straggler
+    assert waits.windows[-1].last == 59 and not waits.shared_windows
     (counts,) = straggler_scores({0: [1.0] * 60 + [3.0] * 5}, window=10)
     assert (counts.windows[-1].first, counts.windows[-1].last) == (60, 64)
-    assert [(w.first, w.last) for w in counts.slow_windows] == [(60, 64)]
+    assert [(w.first, w.last) for w in counts.shared_windows] == [(60, 64)]
     short = straggler_scores({0: [1.0] * 3, 1: [2.0] * 3}, window=10)
     assert [(w.first, w.last) for w in short[1].windows] == [(0, 2)]
     assert [score.rank for score in short if score.straggler] == [1]
@@ -217,3 +218,58 @@ def test_the_command_line_window_option(tmp_path: Path, capsys: pytest.CaptureFi
     assert "stragglers: none" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["report", str(traces), "--no-html", "--straggler-window", "0"])
+
+
+# -- naming against peers (issue 28) -----------------------------------------------------------------------------
+def _noisy(count: int, seed: int, base: float = 0.020, sigma: float = 0.2, bursts: int = 8) -> list[float]:
+    """A busy 2-core machine's steps: log-normal noise, and a few runs of 1-3 steps 2-4x as long (the rank
+    descheduled for a moment)."""
+    rng = random.Random(seed)
+    durations = [base * rng.lognormvariate(0, sigma) for _ in range(count)]
+    for _ in range(bursts):
+        at = rng.randrange(count)
+        for index in range(at, min(count, at + rng.randint(1, 3))):
+            durations[index] *= rng.uniform(2, 4)
+    return durations
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_ranks_on_a_busy_machine_are_not_named(seed: int) -> None:
+    durations = {rank: _noisy(200, 100 * seed + rank) for rank in range(4)}
+    scores = straggler_scores(durations)
+    assert [score.rank for score in scores if score.straggler] == [], [
+        (score.rank, [(w.index, round(w.relative, 2), round(w.individual, 2)) for w in score.slow_windows])
+        for score in scores]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_rank_made_slower_for_the_second_half_is_named_among_noisy_peers_from_where_it_began(seed: int) -> None:
+    durations = {rank: _noisy(200, 100 * seed + rank) for rank in range(4)}
+    durations[3] = durations[3][:100] + [value * 1.5 for value in durations[3][100:]]
+    scores = straggler_scores(durations)
+    assert [score.rank for score in scores if score.straggler] == [3]
+    assert scores[3].slow_windows[0].first >= 90 and min(w.first for w in scores[3].slow_windows) <= 110
+
+
+def test_every_rank_slowing_in_one_window_names_no_one_and_the_report_says_the_job_slowed_and_why() -> None:
+    durations = {rank: _jittered([1.0] * 40 + [3.0] * 10 + [1.0] * 30, seed=rank) for rank in range(4)}
+    records = _step_records(durations)
+    run = RunKey(job_id="late", rank=0, restart=0, run_id="late-0")
+    start = T0 + round(sum(durations[0][:40]) * 1e9)  # rank 0 saves a checkpoint during those steps
+    records.append(SpanRecord(name=sc.SPAN_SAVE_CHECKPOINT, start_ns=start, end_ns=start + 20 * 10**9, run=run,
+                              attributes={}, service="late"))
+    report = build_report(records)
+    assert report.straggler_ranks == []
+    (line,) = report.job_slow_window_lines()
+    assert line.startswith("window 5 (steps 140-149, ") and "rank(s) 0, 1, 2, 3 3.0" in line, line
+    summary = render_summary(report)
+    assert "stragglers: none\n" in summary and "slow windows of the whole job" in summary
+    rank_zero = [entry for entry in report.job_slow_window_lines() if "during" in entry]
+    assert rank_zero and "during checkpoint_save" in rank_zero[0]
+
+
+def test_a_one_rank_job_names_no_straggler_and_reports_its_slow_window() -> None:
+    report = build_report(_step_records({0: [1.0] * 40 + [1.5] * 20}))
+    summary = render_summary(report)
+    assert report.straggler_ranks == [] and "stragglers: none\n" in summary
+    assert report.job_slow_window_lines()[0].startswith("window 5 (steps 140-149, 40.0-55.0 s into the job): rank(s) 0 1.50x")

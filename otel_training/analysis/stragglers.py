@@ -1,23 +1,46 @@
-"""Straggler scores per rank and report window, after NVIDIA resiliency-ext's two views.
+"""Straggler scores per rank and report window, after NVIDIA resiliency-ext's two views, judged against peers.
 
 A rank's steps, in the order they ran, are cut into report windows of ``window``
 consecutive steps, and each window is scored twice:
 
-* relative: the fastest rank's median step time in that window over this rank's
-  (1.0 for the fastest rank; 0.5 means this rank takes twice as long). In
-  synchronous data parallelism one slow rank slows everyone, so this names the
-  culprit. Ranks of such a job take the same steps, so the k-th window of every
-  rank covers the same training steps.
+* relative: the median of the *other* ranks' median step times in that window
+  over this rank's (1.0 when it is no slower than its peers; 0.5 means it takes
+  twice as long). In synchronous data parallelism one slow rank slows everyone,
+  so this names the culprit. Ranks of such a job take the same steps, so the
+  k-th window of every rank covers the same training steps.
 * individual: this rank's best window median so far over this window's median,
   which catches a rank that got slower than it was (thermal throttling, a noisy
-  neighbour) even when all ranks degrade together. "So far", as NVRx's "rank
-  historical min", so that a job that speeds up after warm-up is not named for
-  its warm-up, and so the live gauge (which cannot see the future) gives the
-  figure the report gives.
+  neighbour). "So far", as NVRx's "rank historical min", so that a job that
+  speeds up after warm-up is not named for its warm-up, and so the live gauge
+  (which cannot see the future) gives the figure the report gives.
 
-Scores are in (0, 1]. A rank is named when any of its windows scores below the
-threshold on either view: a post-mortem asks who was slow at any time, and a
-whole-run median hid a rank slow for the last third of a run (issue 9 item 6).
+Scores are in (0, 1]. A window below the threshold on either view is *slow* for
+that rank only when the difference is larger than the noise of the two medians
+compared (three standard errors, from each window's median absolute deviation:
+a median of n steps varies by about 1.86 MAD / sqrt(n)). A rank is *named* a
+straggler (issue 28) only for a slow window that is its own:
+
+* slow on the relative view (it is slower than its peers in the same window); or
+* slow on the individual view while fewer than half of the ranks slowed down in
+  that window: when most ranks slow down together, the job slowed (the machine,
+  a checkpoint, an evaluation, the teardown), and the window is a *job-wide*
+  slow window (``shared``), reported as such, naming no one;
+
+and only when those windows cost it at least ``MIN_EXCESS_S`` (each window's
+median excess over its reference, times its steps): a few slow steps of a fast
+loop on a busy machine are noise, a rank slow for a stretch of the run is not.
+
+A one-rank job has no peers: it is never named, and its slow windows are
+job-wide. A post-mortem asks who was slow at any time, so any named window
+names the rank (a whole-run median hid a rank slow for the last third of a run).
+
+Where this differs from NVRx: NVRx's relative score compares a rank with the
+fastest rank and its individual score with the rank's own best, and reports
+both for every rank. Here the relative reference is the peers' median (the
+fastest of many ranks is the luckiest, so the fastest would make noise look
+like a straggler in large jobs), a difference must clear the noise of the
+windows compared, and a slowdown most ranks share names no one: on a busy
+machine or around a checkpoint every rank slows at once.
 
 A window's median is ``statistics.median`` of its step durations: the middle
 value, or the mean of the middle two for an even count (NVRx's ``torch.median``
@@ -36,6 +59,7 @@ steps it reads what the report reads.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from array import array
 from collections.abc import Mapping, Sequence
@@ -81,8 +105,10 @@ class StragglerScore:
     straggler: bool
     #: Every window in order (a tuple, or ``WindowScores`` where the report keeps them compact).
     windows: Sequence[WindowScore] = ()
-    #: The windows scoring below the threshold on either view, in order.
+    #: The windows that name it: slow on the relative view, or on the individual view and not shared, in order.
     slow_windows: tuple[WindowScore, ...] = ()
+    #: Its windows slow on the individual view that most ranks shared (or a one-rank job's): job-wide, not its own.
+    shared_windows: tuple[WindowScore, ...] = ()
 
     @property
     def worst_window(self) -> WindowScore | None:
@@ -158,6 +184,17 @@ def window_medians(durations: Sequence[float], window: int = WINDOW) -> list[flo
     return [statistics.median(durations[first:end]) for first, end in _windows(len(durations), window)]
 
 
+def window_mads(durations: Sequence[float], window: int = WINDOW) -> list[float]:
+    """The median absolute deviation of each report window's step times: the noise a window's median has."""
+    _check_window(window)
+    result = []
+    for first, end in _windows(len(durations), window):
+        part = durations[first:end]
+        median = statistics.median(part)
+        result.append(statistics.median(abs(value - median) for value in part))
+    return result
+
+
 def straggler_scores(
     step_durations: Mapping[int, Sequence[float]],
     threshold: float = DEFAULT_THRESHOLD,
@@ -171,7 +208,22 @@ def straggler_scores(
         {rank: window_medians(step_durations[rank], window) for rank in ranks},
         {rank: len(step_durations[rank]) for rank in ranks},
         {rank: statistics.median(step_durations[rank]) for rank in ranks},
-        threshold, window=window)
+        threshold, window=window, mads={rank: window_mads(step_durations[rank], window) for rank in ranks})
+
+
+#: Standard errors a difference of two window medians must exceed to be more than noise.
+NOISE_SE = 3.0
+#: Seconds a rank's own slow windows must have cost (their median's excess, times their steps) to name it: a
+#: few slow steps of a 10 ms loop on a busy machine are no straggler; a rank 1.5x slow for 100 steps of 20 ms is.
+MIN_EXCESS_S = 0.5
+#: A median of n samples varies by about this many MADs over sqrt(n) (1.253 sigma / sqrt(n), sigma = 1.4826 MAD).
+_SE_PER_MAD = 1.253 * 1.4826
+
+
+def _beyond_noise(slower: float, faster: float, mad_slower: float, mad_faster: float, steps: int) -> bool:
+    """Whether ``slower - faster`` (two window medians of ``steps`` steps) is more than their noise."""
+    error = _SE_PER_MAD * math.hypot(mad_slower, mad_faster) / math.sqrt(max(1, steps))
+    return slower - faster > NOISE_SE * error
 
 
 def scores_from_medians(
@@ -182,33 +234,77 @@ def scores_from_medians(
     *,
     window: int = WINDOW,
     compact: bool = False,
+    mads: Mapping[int, Sequence[float]] | None = None,
+    min_excess_s: float = MIN_EXCESS_S,
 ) -> list[StragglerScore]:
     """``straggler_scores`` from each rank's window medians, step count and median step time.
 
     What a reader that streams keeps of a rank instead of holding every step twice. ``compact``:
     each score's ``windows`` is a ``WindowScores`` (the same windows, made when read) rather
-    than a tuple of objects.
+    than a tuple of objects. ``mads``: each window's median absolute deviation, for the noise
+    test (without them every difference counts, as before the test). ``min_excess_s``: what a
+    rank's own slow windows must have cost to name it.
     """
     _check_window(window)
-    fastest: dict[int, float] = {}
-    for each_rank in medians.values():
-        for index, median in enumerate(each_rank):
-            fastest[index] = min(fastest.get(index, median), median)
-    scores = []
-    for rank in sorted(medians):
-        relative, individual = array("d"), array("d")
-        best = float("inf")
+    ranks = sorted(medians)
+    by_index: dict[int, list[tuple[float, float, int]]] = {}  # index -> (median, mad, rank) of every rank
+    for rank in ranks:
         for index, median in enumerate(medians[rank]):
-            best = min(best, median)
-            relative.append(_ratio(fastest[index], median))
+            mad = mads[rank][index] if mads is not None else 0.0
+            by_index.setdefault(index, []).append((median, mad, rank))
+    computed = {}
+    for rank in ranks:
+        relative, individual = array("d"), array("d")
+        slow_relative, slow_individual, excess = [], [], []
+        best, best_mad = float("inf"), 0.0
+        for index, median in enumerate(medians[rank]):
+            mad = mads[rank][index] if mads is not None else 0.0
+            steps = _steps_in(index, counts[rank], window)
+            if median < best:
+                best, best_mad = median, mad
+            others = [(other, other_mad) for other, other_mad, number in by_index[index] if number != rank]
+            if others:
+                reference = statistics.median(other for other, _ in others)
+                reference_mad = statistics.median(other_mad for _, other_mad in others)
+                relative.append(_ratio(reference, median))
+            else:
+                reference, reference_mad = median, mad
+                relative.append(1.0)
             individual.append(_ratio(best, median))
+            slow_relative.append(bool(others) and relative[-1] < threshold
+                                 and _beyond_noise(median, reference, mad, reference_mad, steps))
+            slow_individual.append(individual[-1] < threshold and _beyond_noise(median, best, mad, best_mad, steps))
+            excess.append(steps * max(median - reference if slow_relative[-1] else 0.0,
+                                      median - best if slow_individual[-1] else 0.0))
+        computed[rank] = (relative, individual, slow_relative, slow_individual, excess)
+    # A window most ranks slowed down in, on their own history, is the job's, not a rank's.
+    shared: dict[int, bool] = {}
+    for index, present in by_index.items():
+        slowed = sum(1 for _, _, rank in present if computed[rank][3][index])
+        shared[index] = len(ranks) < 2 or 2 * slowed >= len(present)
+    scores = []
+    for rank in ranks:
+        relative, individual, slow_relative, slow_individual, excess = computed[rank]
         windows = WindowScores(counts[rank], window, medians[rank], relative, individual)
-        slow = tuple(w for w in windows if w.relative < threshold or w.individual < threshold)
+        own = [index for index in range(len(windows))
+               if slow_relative[index] or (slow_individual[index] and not shared[index])]
+        # Enough evidence: the rank's own slow windows cost at least MIN_EXCESS_S, and it has peers.
+        named = tuple(windows[index] for index in own) if len(ranks) > 1 and sum(
+            excess[index] for index in own) >= min_excess_s else ()
+        job_wide = tuple(windows[index] for index in range(len(windows))
+                         if slow_individual[index] and shared[index] and not slow_relative[index])
         scores.append(StragglerScore(
-            rank, rank_medians[rank], min(relative), min(individual), bool(slow),
-            windows if compact else tuple(windows), slow,
+            rank, rank_medians[rank], min(relative), min(individual), bool(named),
+            windows if compact else tuple(windows), named, job_wide,
         ))
     return scores
+
+
+def _steps_in(index: int, count: int, window: int) -> int:
+    """Steps in window ``index`` of a rank with ``count`` steps (the last may be part of one)."""
+    first, end = _windows(count, window)[index] if index >= count // window else (index * window,
+                                                                                    (index + 1) * window)
+    return end - first
 
 
 class WindowScores(Sequence[WindowScore]):

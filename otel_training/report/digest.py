@@ -144,6 +144,8 @@ class RankPart:
     runs: list[RunSummary]
     durations: array
     window_medians: array
+    #: The median absolute deviation of each window's steps: the noise its median has.
+    window_mads: array
     #: The first and last step of each straggler window, two per window in window order.
     edges: StepColumns
     #: Every n-th step and the longest ones, for the step-time plot.
@@ -159,6 +161,8 @@ def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int)
     order = order if order is not None else range(len(durations))
     bounds = window_bounds(len(durations), window)
     medians = array("d", (statistics.median(durations[first:end]) for first, end in bounds))
+    mads = array("d", (statistics.median(abs(value - median) for value in durations[first:end])
+                       for (first, end), median in zip(bounds, medians)))
     edges = StepColumns()
     for first, end in bounds:
         edges.copy(steps, order[first])
@@ -172,7 +176,7 @@ def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int)
     sample = StepColumns()
     for index in sorted(kept, key=lambda index: (steps.starts[index], index)):
         sample.copy(steps, index)
-    return RankPart(rank, runs, durations, medians, edges, sample)
+    return RankPart(rank, runs, durations, medians, mads, edges, sample)
 
 
 def _run_order(starts: array) -> Sequence[int] | None:

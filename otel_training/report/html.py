@@ -263,13 +263,17 @@ def _rank_table(report: JobReport) -> str:
             f"<td>{where}</td></tr>"
         )
     named = "".join(f"<li>{html.escape(line)}</li>" for line in report.straggler_lines())
+    shared = "".join(f"<li>{html.escape(line)}</li>" for line in report.job_slow_window_lines())
     return ("<table><tr><th>rank</th><th>steps</th><th>median ms</th><th>p90 ms</th><th>max ms</th>"
             "<th>MAD ms</th><th>mean ms</th><th>abnormal</th><th>relative score</th><th>individual score</th>"
             "<th>worst window</th></tr>"
             + "".join(rows) + "</table>"
-            + f"<p>Scores are each rank's worst window of {report.straggler_window} steps; a rank is named when a "
-              f"window scores below {report.straggler_threshold:g}.</p>"
-            + (f'<ul class="stragglers">{named}</ul>' if named else ""))
+            + f"<p>Scores are each rank's worst window of {report.straggler_window} steps (relative: against the "
+              f"median of its peers; individual: against its own best window). A rank is named when a window "
+              f"scores below {report.straggler_threshold:g} by more than the noise of the steps compared, and "
+              "not in a window most ranks slowed down in together (the job's slowdown).</p>"
+            + (f'<ul class="stragglers">{named}</ul>' if named else "")
+            + (f'<p>The job slowed down (no straggler):</p><ul class="slow-windows">{shared}</ul>' if shared else ""))
 
 
 def _hang(report: JobReport) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import statistics
 from array import array
 from collections.abc import Sequence
 
-from otel_training.analysis import GoodputAccount, SpanRecord, StepStats, StragglerScore
+from otel_training.analysis import PRODUCTIVE, GoodputAccount, SpanRecord, StepStats, StragglerScore
 from otel_training.analysis.goodput import job_account
 from otel_training.analysis.hang_episodes import Episode
 from otel_training.analysis.stragglers import (
@@ -112,6 +113,41 @@ class JobReport:
         return lines
 
 
+    def job_slow_window_lines(self, limit: int = 10) -> list[str]:
+        """One line per window most ranks slowed down in together (or a one-rank job's slow window): the job
+        slowed, no rank is named; with what the spans say it was doing then, where they say it."""
+        by_index: dict[int, list[tuple[int, WindowScore]]] = {}
+        for score in self.stragglers:
+            for window in score.shared_windows:
+                by_index.setdefault(window.index, []).append((score.rank, window))
+        lines = []
+        for index in sorted(by_index)[:limit]:
+            entries = by_index[index]
+            rank, window = entries[0]
+            factor = statistics.median(1 / max(entry.individual, 1e-9) for _, entry in entries)
+            ranks = ", ".join(str(number) for number, _ in entries)
+            lines.append(f"window {index + 1} ({self.window_label(rank, window)}): rank(s) {ranks} {factor:.2f}x "
+                         f"their best window{self._cause(rank, window)}")
+        if len(by_index) > limit:
+            lines.append(f"... and {len(by_index) - limit} more window(s)")
+        return lines
+
+    def _cause(self, rank: int, window: WindowScore) -> str:
+        """What took the largest share (at least a tenth) of a rank's window, from its labelled spans."""
+        first, last = self.window_steps(rank, window)
+        begin, end = first.start_ns, last.end_ns
+        if end <= begin:
+            return ""
+        shares = {}
+        for (number, label), spans in self.intervals.items():
+            if number == rank and label != PRODUCTIVE:
+                shares[label] = sum(max(0, min(end, stop) - max(begin, start)) for start, stop in spans)
+        if not shares:
+            return ""
+        label = max(shares, key=shares.__getitem__)
+        return f", during {label} ({shares[label] / (end - begin):.0%} of it)" if shares[label] * 10 >= end - begin else ""
+
+
 def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s: float | None = None,
              straggler_threshold: float = DEFAULT_THRESHOLD, straggler_window: int = WINDOW) -> JobReport:
     """The report of a job from what its inputs contributed."""
@@ -134,7 +170,8 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
             {rank.rank: rank.window_medians for rank in with_steps},
             {rank.rank: len(rank.durations) for rank in with_steps},
             {rank.rank: stats.median_of(rank.durations) for rank in with_steps},
-            straggler_threshold, window=straggler_window, compact=True),
+            straggler_threshold, window=straggler_window, compact=True,
+            mads={rank.rank: rank.window_mads for rank in with_steps}),
         alerts=sorted(part.alerts, key=lambda alert: alert.time_ns),
         rank_durations={rank.rank: rank.durations for rank in with_steps},
         step_sample=_plot_sample(ranks),

@@ -65,7 +65,8 @@ def report_json(report: JobReport) -> dict[str, Any]:
             "ranks": ranks,
         },
         "stragglers": {"ranks": report.straggler_ranks, "window_steps": report.straggler_window,
-                       "threshold": report.straggler_threshold, "lines": report.straggler_lines()},
+                       "threshold": report.straggler_threshold, "lines": report.straggler_lines(),
+                       "job_slow_windows": report.job_slow_window_lines()},
         "hang": list(report.hang),
         "hang_episodes": [_episode(job_id, run_id, episode, report.end_ns)
                           for (job_id, run_id), episodes in report.hang_episodes.items() for episode in episodes],

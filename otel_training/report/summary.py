@@ -73,6 +73,10 @@ def render_summary(report: JobReport, *, max_stack_lines: int = 12) -> str:
     stragglers = report.straggler_ranks
     add("stragglers: " + (", ".join(f"rank {rank}" for rank in stragglers) if stragglers else "none"))
     lines.extend(f"  {line}" for line in report.straggler_lines())
+    shared = report.job_slow_window_lines()
+    if shared:
+        add("slow windows of the whole job (no straggler: most ranks, or the only one, slowed down together):")
+        lines.extend(f"  {_safe(line)}" for line in shared)
     lines.extend(_safe(line) for line in report.hang_episode_lines)
     lines.extend(_safe(line) for line in report.hang)
     if report.alerts:
