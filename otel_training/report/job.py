@@ -106,10 +106,13 @@ class JobReport:
             worst = score.worst_window
             if not score.straggler or worst is None:
                 continue
+            scores = sorted(window.score for window in score.windows)
+            spread = (f"; its window scores: median {statistics.median(scores):.2f}, "
+                      f"p10-p90 {_quantile(scores, 0.1):.2f}-{_quantile(scores, 0.9):.2f}") if len(scores) > 1 else ""
             lines.append(
                 f"rank {score.rank}: {worst.view} {worst.score:.2f} in window {worst.index + 1} of "
                 f"{len(score.windows)} ({self.window_label(score.rank, worst)}); {len(score.slow_windows)} "
-                f"window(s) of {self.straggler_window} steps below {self.straggler_threshold:g}")
+                f"window(s) of {self.straggler_window} steps below {self.straggler_threshold:g}{spread}")
         return lines
 
 
@@ -146,6 +149,11 @@ class JobReport:
             return ""
         label = max(shares, key=shares.__getitem__)
         return f", during {label} ({shares[label] / (end - begin):.0%} of it)" if shares[label] * 10 >= end - begin else ""
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values (nearest rank): the spread a straggler line shows."""
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s: float | None = None,
