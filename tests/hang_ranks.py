@@ -82,8 +82,13 @@ class Ranks:
             proc.wait(timeout=30)
 
 
+#: The collective-tracking route the ranks take (``collective_tracking``): set by the tests' route fixture.
+ROUTE = "auto"
+
+
 def env_for(out: Path, **extra: str) -> dict[str, str]:
     env = child_environ("TORCH_FR", "RANK", "WORLD_SIZE")
+    env["OTEL_TRAINING_COLLECTIVE_TRACKING"] = ROUTE
     env.update(OTEL_TRAINING_EXPORTER="file", OTEL_TRAINING_OUTPUT_DIR=str(out), OTEL_TRAINING_JOB_ID="hang-test",
                OTEL_METRIC_EXPORT_INTERVAL="200", OTEL_BSP_SCHEDULE_DELAY="100", OTEL_TRAINING_STUCK_THRESHOLD_S="2",
                TORCH_FR_BUFFER_SIZE="200", PYTHONUNBUFFERED="1")

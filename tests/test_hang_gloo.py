@@ -22,10 +22,27 @@ from waiting import wait_until  # noqa: E402
 from otel_training import semconv as sc  # noqa: E402
 from otel_training.analysis.hang import render, verdict  # noqa: E402
 from otel_training.analysis.hang_tracker import verdicts_from_records  # noqa: E402
-from otel_training.integrations.torch.collectives import supported  # noqa: E402
+from otel_training.integrations.torch.collective_routes import supported  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(not supported(), reason="this torch has no ProcessGroup collective hooks")]
+pytestmark = [pytest.mark.timeout(600)]
+
+
+@pytest.fixture(autouse=True, params=["hooks", "sequence"])
+def route(request: pytest.FixtureRequest):
+    """Every case on both tracking routes: torch's hooks, and the sequence route older torch gets (forced here)."""
+    import hang_ranks
+
+    if request.param == "hooks" and not supported():
+        pytest.skip(f"torch {torch_version()} has no ProcessGroup collective hooks: the sequence route runs instead")
+    hang_ranks.ROUTE = request.param
+    yield request.param
+    hang_ranks.ROUTE = "auto"
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 #: Generous: a loaded 2-core machine imports torch in several processes at once.
 DEADLINE_S = 180.0

@@ -159,6 +159,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("goodput", _parse_bool, True, "Derive goodput/badput and step-time metrics from spans."),
     Option("device_timeline", _parse_bool, True,
            "Time steps on the accelerator's timeline (CUDA events) when torch uses CUDA; false: host timing only."),
+    Option("collective_tracking", _choice("auto", "hooks", "sequence", "off"), "auto",
+           'How the torch instrumentor follows each process group\'s collectives for the hang verdict: "hooks" '
+           "(torch's ProcessGroup pre/post hooks, newer torch), \"sequence\" (torch's per-group sequence number, "
+           'read at step ends, alerts and gauges: every torch with torch.distributed), "auto" the first this torch '
+           'has, "off" none. The rank says once in its log which it took ([hang-diagnosis.md]'
+           "(hang-diagnosis.md#which-torch-which-route))."),
     Option("device_events", _choice("torch", "torch.cuda"), "torch",
            "CUDA events that time device steps: torch.Event (recorded on the current stream from C++) or "
            "torch.cuda.Event (builds a Python Stream for each record; a fallback)."),

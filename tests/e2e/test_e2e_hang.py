@@ -24,7 +24,7 @@ from stack_helpers import WebhookReceiver
 from training_helpers import DEADLINE, E2E_MARKS, alert_fired, new_job_id, training_env
 
 require("torch")
-from otel_training.integrations.torch.collectives import supported  # noqa: E402
+from otel_training.integrations.torch.collective_routes import supported  # noqa: E402
 
 pytestmark = [*E2E_MARKS, pytest.mark.skipif(not supported(), reason="this torch has no ProcessGroup collective hooks")]
 

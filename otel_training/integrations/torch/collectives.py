@@ -23,6 +23,19 @@ device* (its CUDA event), which is later than the host call's return: an NCCL
 call returns once launched. Collectives of one group complete in order, so the
 last one completing vouches for the earlier ones.
 
+**Torch without those hooks** (they came in 2.15 of the versions this project
+runs on; torch 2.11's wheel has none): the *sequence* route. Nothing runs per
+collective. ``entered`` is torch's per-group counter read when someone looks (a
+step's end, a stuck alert, the gauges), which counts every collective issued
+through the group, DDP's included; ``completed`` is what had been entered when
+the last step ended (a step ends after its collectives were waited for: DDP's
+reducer waits before ``optimizer.step()``); the op's name comes from the flight
+recorder's entry with that sequence number when it is on, else it is unknown.
+So a rank that has not entered the collective the others wait in still shows
+a lower sequence number than theirs, which is what names the culprit. The
+``collective_tracking`` option picks the route (``auto``: hooks where torch has
+them, else the sequence route; ``off``); the rank says once in its log which.
+
 Costs on the issuing thread (``bench/bench_collectives.py``): two Python calls
 from C++ per collective; no span, no lock, no allocation beyond the hook's
 arguments. The ``Work`` and the hook's arguments of the last collective are
@@ -32,23 +45,17 @@ read), so the last collective's input tensors stay alive that long.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training.integrations.torch.flight_recorder import flight_recorder, name_ops
 
 #: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
 HOOK_ID = 0x07E1_0017
-#: The flight recorder's in-flight entries put on a stuck alert: at most this many, this many characters.
-MAX_FR_ENTRIES = 16
-MAX_FR_CHARS = 8192
-_FR_FIELDS = ("collective_seq_id", "profiling_name", "state", "input_sizes", "output_sizes",
-              "time_created_ns", "time_discovered_started_ns", "process_group", "timeout_ms")
 _P2P = frozenset({"SEND", "RECV"})
 
 
@@ -56,11 +63,15 @@ class GroupState:
     """One process group as this rank sees it; written by the hooks, read by anyone."""
 
     __slots__ = ("name", "backend", "entered", "op", "args", "op_id", "entered_ns", "step", "completed",
-                 "work", "work_seq", "previous", "previous_seq", "__weakref__")
+                 "work", "work_seq", "previous", "previous_seq", "sequence", "step_number", "__weakref__")
 
-    def __init__(self, name: str, backend: str) -> None:
+    def __init__(self, name: str, backend: str, sequence: Callable[[], int] | None = None,
+                 step_number: Callable[[], int | None] = lambda: None) -> None:
         self.name = name
         self.backend = backend
+        #: The sequence route: torch's per-group counter, read when someone looks (None: the hooks write).
+        self.sequence = sequence
+        self.step_number = step_number
         self.entered = 0
         self.op: Any = None  # HookOpName of the last entered (named only when read)
         self.args: Any = None  # its PreHookArgs (tensors: the size, read lazily)
@@ -72,6 +83,21 @@ class GroupState:
         self.work_seq = 0
         self.previous: Any = None
         self.previous_seq = 0
+
+    def refresh(self) -> None:
+        """The sequence route: what was entered since the last look (the hooks route needs none)."""
+        if self.sequence is None:
+            return
+        entered = int(self.sequence())
+        if entered > self.entered:
+            self.entered, self.op, self.entered_ns = entered, None, time.monotonic_ns()
+            self.step = self.step_number()
+
+    def step_ended(self) -> None:
+        """The sequence route: a step's end vouches for what it entered (its collectives were waited for)."""
+        if self.sequence is not None:
+            self.refresh()
+            self.completed = self.entered
 
     def poll(self) -> None:
         """Advance ``completed`` by the Works of the last two collectives that say they finished."""
@@ -104,21 +130,13 @@ class GroupState:
         return max(0.0, ((now_ns or time.monotonic_ns()) - self.entered_ns) / 1e9)
 
 
-def supported() -> bool:
-    """torch has the ProcessGroup collective hooks (newer torch); older torch tracks nothing."""
-    try:
-        import torch.distributed as dist
-
-        return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook")
-    except Exception:  # noqa: BLE001
-        return False
-
-
 class CollectiveTracker:
     """The process's groups; ``step_number`` names the step a collective was entered in."""
 
-    def __init__(self, step_number: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(self, step_number: Callable[[], int | None] = lambda: None, route: str = "hooks") -> None:
         self.step_number = step_number
+        #: "hooks" (torch's pre/post hooks write the state) or "sequence" (read when someone looks).
+        self.route = route
         self.groups: dict[str, GroupState] = {}
         #: The group of the most recent collective (what a step span and a stuck alert describe).
         self.last: GroupState | None = None
@@ -130,8 +148,9 @@ class CollectiveTracker:
     # -- attaching --------------------------------------------------------
     @contained(default=False)
     def attach(self, pg: Any) -> bool:
-        """Hook ``pg``'s collectives (idempotent)."""
-        if pg is None or not hasattr(pg, "register_pre_hook"):
+        """Hook ``pg``'s collectives, or read its sequence number from now on (the route; idempotent)."""
+        if pg is None or not hasattr(pg, "register_pre_hook" if self.route == "hooks"
+                                     else "_get_sequence_number_for_group"):
             return False
         name = str(getattr(pg, "group_name", "") or len(self.groups))
         if name in self.groups:
@@ -140,8 +159,16 @@ class CollectiveTracker:
             backend = str(pg.name())
         except Exception:  # noqa: BLE001 - a fake or exotic group
             backend = ""
-        state = GroupState(name, backend)
         sequence = pg._get_sequence_number_for_group  # noqa: SLF001 - torch's per-group counter
+        if self.route == "sequence":
+            state = GroupState(name, backend, sequence, self.step_number)
+            state.refresh()
+            state.completed = state.entered  # what came before tracking began is done
+            self.groups[name] = state
+            self._step_start[name] = state.entered
+            self._attached.append((weakref.ref(pg), state))
+            return True
+        state = GroupState(name, backend)
         clock, step_number, p2p = time.monotonic_ns, self.step_number, _p2p_values()
 
         # The hot path: run for every collective on the issuing thread, so no frame more
@@ -181,6 +208,15 @@ class CollectiveTracker:
         """Unhook ``pg`` (every group when None): a group's hooks keep it alive until then."""
         keep = []
         for group, state in self._attached:
+            if isinstance(group, weakref.ref):  # the sequence route holds its groups weakly, hooks nothing
+                group = group()
+                if pg is None or group is pg or group is None:
+                    self.groups.pop(state.name, None)
+                    if self.last is state:
+                        self.last = None
+                else:
+                    keep.append((weakref.ref(group), state))
+                continue
             if pg is None or group is pg:
                 for unregister in (group.unregister_pre_hook, group.unregister_post_hook):
                     try:
@@ -222,6 +258,10 @@ class CollectiveTracker:
         self.attach_new_groups()
         count = 0
         for name, state in self.groups.items():
+            if state.sequence is not None:
+                state.step_ended()
+                if state.entered > self._step_start.get(name, state.entered):
+                    self.last = state
             count += state.entered - self._step_start.get(name, state.entered)
             self._step_start[name] = state.entered
         state = self.last
@@ -238,11 +278,14 @@ class CollectiveTracker:
         if not self.groups:
             return {}
         for state in self.groups.values():
+            state.refresh()
             state.poll()
+        recorder = flight_recorder({s.backend for s in self.groups.values()})
+        name_ops(self.groups.values(), recorder)
         pending = [state for state in self.groups.values() if state.pending]
         state = max(pending, key=lambda s: s.entered_ns) if pending else self.last
         attributes: dict[str, Any] = describe(state, wait=True) if state is not None else {}
-        attributes.update(flight_recorder({s.backend for s in self.groups.values()}))
+        attributes.update(recorder)
         return attributes
 
     def observe(self) -> list[tuple[str, float, dict[str, Any]]]:
@@ -251,6 +294,7 @@ class CollectiveTracker:
         now = time.monotonic_ns()
         for state in list(self.groups.values()):
             try:
+                state.refresh()
                 state.poll()
             except Exception:  # noqa: BLE001 - a destroyed group's Work
                 pass
@@ -332,48 +376,4 @@ def describe(state: GroupState, wait: bool = False) -> dict[str, Any]:
         attributes[sc.COLLECTIVE_STEP] = state.step
     if wait:
         attributes[sc.COLLECTIVE_WAIT_S] = round(state.wait_s(), 3)
-    return attributes
-
-
-def flight_recorder_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        value = environ.get(variable, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return True
-    return False
-
-
-def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
-                    max_chars: int = MAX_FR_CHARS) -> dict[str, Any]:
-    """torch's flight recorder entries still in flight, newest last, bounded; or why there are none."""
-    if not flight_recorder_enabled():
-        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
-    try:
-        import torch._C._distributed_c10d as c10d  # noqa: PLC2701 - torch's only API for it
-    except Exception as error:  # noqa: BLE001
-        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: f"flight recorder unavailable: {error}"}
-    entries: list[dict[str, Any]] = []
-    errors = []
-    for backend in sorted(set(backends)):
-        try:
-            if backend == "nccl":
-                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=True)  # noqa: SLF001
-            else:
-                raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True, backend=backend)  # noqa: SLF001
-            dump = json.loads(raw)
-        except Exception as error:  # noqa: BLE001 - no recorder for this backend
-            errors.append(f"{backend}: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
-            continue
-        for entry in dump.get("entries", []):
-            if not entry.get("retired", False):
-                entries.append({key: entry[key] for key in _FR_FIELDS if key in entry})
-    attributes: dict[str, Any] = {}
-    if errors:
-        attributes[sc.COLLECTIVE_FLIGHT_RECORDER_ERROR] = "; ".join(errors)
-    entries = entries[-max_entries:]
-    text = json.dumps(entries, separators=(",", ":"))
-    while len(text) > max_chars and entries:
-        entries = entries[1:]
-        text = json.dumps(entries, separators=(",", ":"))
-    attributes[sc.COLLECTIVE_FLIGHT_RECORDER] = text
     return attributes

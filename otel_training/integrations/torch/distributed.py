@@ -17,13 +17,15 @@ what the job-level hang verdict compares across ranks (docs/hang-diagnosis.md).
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.integrations.torch.collectives import CollectiveTracker, supported
+from otel_training.integrations.torch.collective_routes import route
+from otel_training.integrations.torch.collectives import CollectiveTracker
 from otel_training.integrations.torch.steps import SOURCE, StepTracker
 from otel_training.processors import alert_context
 
@@ -93,23 +95,35 @@ def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
     return wrap
 
 
+logger = logging.getLogger("otel_training")
+_ROUTES_SAID: set[str] = set()
+
+
 @contained(default=None)
 def _track(tracker: StepTracker) -> None:
     """Track the default group's collectives (later groups are picked up at step ends), and
     export the gauges through the pipeline the tracker records into."""
-    if tracker.dormant or not supported():
+    if tracker.dormant:
+        return
+    from otel_training.pipeline.configure import get_telemetry
+
+    telemetry = get_telemetry()
+    option = str(telemetry.options.get("collective_tracking", "auto")) if telemetry is not None else "auto"
+    taken, why = route(option)
+    if taken not in _ROUTES_SAID:  # once a process: a warning where the verdict has less to go on
+        _ROUTES_SAID.add(taken)
+        logger.log(logging.INFO if taken == "hooks" else logging.WARNING,
+                   "otel_training: collective tracking for the hang verdict: %s (%s)", taken, why)
+    if taken == "off":
         return
     import torch.distributed as dist
 
     collectives = tracker.collectives
     if collectives is None:
-        collectives = CollectiveTracker(step_number=lambda: tracker._number)  # noqa: SLF001
+        collectives = CollectiveTracker(step_number=lambda: tracker._number, route=taken)  # noqa: SLF001
         tracker.collectives = collectives
         alert_context.add(collectives.alert_attributes)
     collectives.attach(dist.group.WORLD)
-    from otel_training.pipeline.configure import get_telemetry
-
-    telemetry = get_telemetry()
     if telemetry is not None and not telemetry.disabled:
         collectives.register_gauges(telemetry.meter)
 

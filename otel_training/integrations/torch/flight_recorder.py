@@ -1,0 +1,85 @@
+"""torch's flight recorder, read for a stuck alert: the collectives still in flight, and the ops' names.
+
+Why a module of its own: the collective tracker (``collectives.py``) keeps the state the hooks or the
+sequence numbers give; this reads what torch itself recorded (``TORCH_FR_BUFFER_SIZE``), only when an alert
+asks, and names the sequence route's ops from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from otel_training import semconv as sc
+
+if TYPE_CHECKING:
+    from otel_training.integrations.torch.collectives import GroupState
+
+#: The flight recorder's in-flight entries put on a stuck alert: at most this many, this many characters.
+MAX_FR_ENTRIES = 16
+MAX_FR_CHARS = 8192
+_FR_FIELDS = ("collective_seq_id", "profiling_name", "state", "input_sizes", "output_sizes",
+              "time_created_ns", "time_discovered_started_ns", "process_group", "timeout_ms")
+
+
+def flight_recorder_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = environ.get(variable, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
+                    max_chars: int = MAX_FR_CHARS) -> dict[str, Any]:
+    """torch's flight recorder entries still in flight, newest last, bounded; or why there are none."""
+    if not flight_recorder_enabled():
+        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
+    try:
+        import torch._C._distributed_c10d as c10d  # noqa: PLC2701 - torch's only API for it
+    except Exception as error:  # noqa: BLE001
+        return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: f"flight recorder unavailable: {error}"}
+    entries: list[dict[str, Any]] = []
+    errors = []
+    for backend in sorted(set(backends)):
+        try:
+            if backend == "nccl":
+                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=True)  # noqa: SLF001
+            else:
+                raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True, backend=backend)  # noqa: SLF001
+            dump = json.loads(raw)
+        except Exception as error:  # noqa: BLE001 - no recorder for this backend
+            errors.append(f"{backend}: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
+            continue
+        for entry in dump.get("entries", []):
+            if not entry.get("retired", False):
+                entries.append({key: entry[key] for key in _FR_FIELDS if key in entry})
+    attributes: dict[str, Any] = {}
+    if errors:
+        attributes[sc.COLLECTIVE_FLIGHT_RECORDER_ERROR] = "; ".join(errors)
+    entries = entries[-max_entries:]
+    text = json.dumps(entries, separators=(",", ":"))
+    while len(text) > max_chars and entries:
+        entries = entries[1:]
+        text = json.dumps(entries, separators=(",", ":"))
+    attributes[sc.COLLECTIVE_FLIGHT_RECORDER] = text
+    return attributes
+
+
+def name_ops(states: Iterable[GroupState], recorder: Mapping[str, Any]) -> None:
+    """The sequence route: each group's last op, named by the flight recorder's entry of its sequence number."""
+    unnamed = {state.name: state for state in states if state.sequence is not None and state.op is None}
+    text = recorder.get(sc.COLLECTIVE_FLIGHT_RECORDER)
+    if not unnamed or not text:
+        return
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return
+    for entry in entries:
+        group = entry.get("process_group")
+        state = unnamed.get(str(group[0]) if isinstance(group, list) and group else "")
+        if state is not None and entry.get("collective_seq_id") == state.entered:
+            state.op = str(entry.get("profiling_name", "")).rpartition(":")[2].replace("_", "")

@@ -1,0 +1,109 @@
+"""The collective tracking routes (issue 27): torch's ProcessGroup hooks, or its per-group sequence number.
+
+The real-gloo cases run on both routes in test_hang_gloo.py; here the sequence route's bookkeeping on a
+stand-in group whose counter the test moves, and the choice of route on a torch with or without hooks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from requirements import require
+
+require("torch")
+
+from otel_training import semconv as sc  # noqa: E402
+from otel_training.integrations.torch import collective_routes  # noqa: E402
+from otel_training.integrations.torch.collectives import CollectiveTracker  # noqa: E402
+from otel_training.integrations.torch.flight_recorder import name_ops  # noqa: E402
+
+
+class Group:
+    """What the sequence route reads of a ProcessGroup: its name, backend and sequence counter."""
+
+    group_name = "0"
+
+    def __init__(self) -> None:
+        self.seq = 5
+
+    def name(self) -> str:
+        return "gloo"
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+
+def test_auto_takes_the_hooks_where_torch_has_them_and_the_sequence_route_where_it_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    assert collective_routes.route("sequence")[0] == "sequence"
+    assert collective_routes.route("off")[0] == "off"
+    if hasattr(dist.ProcessGroup, "register_pre_hook"):
+        assert collective_routes.route("auto")[0] == "hooks"
+        monkeypatch.delattr(dist.ProcessGroup, "register_pre_hook")
+    taken, why = collective_routes.route("auto")
+    assert taken == "sequence" and "has no ProcessGroup collective hooks" in why
+    assert collective_routes.route("hooks")[0] == "sequence" or collective_routes.route("hooks")[0] == "off"
+    monkeypatch.delattr(dist.ProcessGroup, "_get_sequence_number_for_group")
+    taken, why = collective_routes.route("auto")
+    assert taken == "off" and "neither" in why
+
+
+def test_the_sequence_route_counts_entered_when_it_looks_and_completed_at_each_step_end() -> None:
+    step = {"number": 3}
+    tracker = CollectiveTracker(step_number=lambda: step["number"], route="sequence")
+    group = Group()
+    assert tracker.attach(group)
+    state = tracker.groups["0"]
+    assert (state.entered, state.completed, state.pending) == (5, 5, False)  # before tracking: done
+    group.seq = 8  # the step's three collectives (DDP's buckets, a logging all_reduce)
+    attributes = tracker.step_attributes()
+    assert attributes[sc.STEP_COLLECTIVES] == 3 and attributes[sc.COLLECTIVE_SEQ] == 8
+    assert attributes[sc.COLLECTIVE_COMPLETED_SEQ] == 8 and attributes[sc.COLLECTIVE_PENDING] is False
+    step["number"] = 4
+    group.seq = 9  # the next step entered one and is stuck in it
+    stuck = tracker.alert_attributes()
+    assert stuck[sc.COLLECTIVE_SEQ] == 9 and stuck[sc.COLLECTIVE_COMPLETED_SEQ] == 8
+    assert stuck[sc.COLLECTIVE_PENDING] is True and stuck[sc.COLLECTIVE_STEP] == 4
+    rows = {(name, tuple(sorted(attributes.items()))): value for name, value, attributes in tracker.observe()}
+    assert rows[(sc.METRIC_COLLECTIVE_ENTERED, ((sc.COLLECTIVE_GROUP, "0"), (sc.COLLECTIVE_OP, "")))] == 9
+    assert rows[(sc.METRIC_COLLECTIVE_COMPLETED, ((sc.COLLECTIVE_GROUP, "0"),))] == 8
+    tracker.detach(group)
+    assert tracker.groups == {}
+
+
+def test_the_flight_recorder_names_the_sequence_routes_ops() -> None:
+    tracker = CollectiveTracker(route="sequence")
+    group = Group()
+    tracker.attach(group)
+    group.seq = 7
+    state = tracker.groups["0"]
+    state.refresh()
+    entries = [{"collective_seq_id": 6, "profiling_name": "gloo:broadcast", "process_group": ["0", "default_pg"]},
+               {"collective_seq_id": 7, "profiling_name": "nccl:all_gather", "process_group": ["0", "default_pg"]},
+               {"collective_seq_id": 7, "profiling_name": "gloo:barrier", "process_group": ["1", "other"]}]
+    name_ops([state], {sc.COLLECTIVE_FLIGHT_RECORDER: json.dumps(entries)})
+    assert state.op_name == "allgather"
+    name_ops([state], {sc.COLLECTIVE_FLIGHT_RECORDER: "not json"})  # damaged: nothing changes, nothing raises
+    assert state.op_name == "allgather"
+
+
+def test_a_group_the_sequence_route_cannot_read_is_not_tracked() -> None:
+    tracker = CollectiveTracker(route="sequence")
+
+    class Odd:
+        group_name = "x"
+
+    assert not tracker.attach(Odd()) and tracker.groups == {}
+    assert not tracker.attach(None)
+
+
+def test_the_option_is_checked_before_training() -> None:
+    from otel_training.config.options import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match="collective_tracking"):
+        resolve({"collective_tracking": "sometimes"})
+
+
