@@ -16,6 +16,11 @@ interleaved; medians, ratios of paired rounds):
    ratio is about 1 + collectives/step x cost / step time.
 
     .venv/bin/python bench/bench_collectives.py [--rounds 9] [--calls 3000] [--steps 200] [--compute-ms 0 20]
+    .venv/bin/python bench/bench_collectives.py --route sequence     # the route torch without hooks takes
+
+``--route``: the collective tracking route measured (``collective_tracking``): ``hooks`` (torch's
+ProcessGroup hooks, two Python calls per collective) or ``sequence`` (nothing per collective; the
+per-group counter is read at each step's end).
 """
 
 from __future__ import annotations
@@ -59,17 +64,20 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, default=12, help="gradient all-reduces per step (DDP buckets)")
     parser.add_argument("--compute-ms", type=float, nargs="+", default=[0.0, 20.0],
                         help="busy compute added to each step (ms), one loop each")
+    parser.add_argument("--route", choices=("hooks", "sequence"), default="hooks",
+                        help="the collective tracking route (default: %(default)s)")
     args = parser.parse_args()
 
     out = tempfile.mkdtemp(prefix="bench-collectives-")
     telemetry = otel_training.configure(output_dir=out, signal_hooks=False, exception_hooks=False,
-                                        offload=False)  # as measured: the in-process pipeline
+                                        offload=False,  # as measured: the in-process pipeline
+                                        collective_tracking=args.route)
     instrumentor = TorchInstrumentor()
     instrumentor.instrument()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     tracker = TorchInstrumentor.tracker.collectives
-    if tracker is None:
-        print("this torch has no ProcessGroup collective hooks: nothing to measure")
+    if tracker is None or tracker.route != args.route:
+        print(f"this torch does not take the {args.route} route: nothing to measure")
         return 1
     world = dist.group.WORLD
 
@@ -87,6 +95,7 @@ def main() -> int:
             tracking(on)
             results[on].append(per_call_us(lambda: dist.all_reduce(small), args.calls))
     off_us, on_us = statistics.median(results[False]), statistics.median(results[True])
+    print(f"route: {args.route}")
     print(f"1. all_reduce (4 B, gloo, 1 rank), median of {args.rounds} rounds x {args.calls} calls:")
     print(f"   untracked {off_us:8.2f} us   tracked {on_us:8.2f} us   cost {on_us - off_us:6.2f} us/collective"
           f"   ratio {statistics.median(a / b for a, b in zip(results[True], results[False])):.3f}")
