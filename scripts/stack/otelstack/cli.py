@@ -31,6 +31,12 @@ def _print_endpoints(s: Stack) -> None:
     print(f"\n# jaeger serves its query API at {s.jaeger_url}, not the UI (a build from Go modules has no UI "
           f"assets); for a page: otel-training report --jaeger {s.jaeger_url} --service NAME (HTML), or "
           "--chrome FILE for Perfetto; the Docker compose stack runs the official image, UI included")
+    if s.notifications_file is not None:
+        print(f"\n# pages: Alertmanager sends them to the stack's own receiver, which writes them to "
+              f"{s.notifications_file} (one JSON notification a line); --webhook-url URL sends them to your "
+              "pager or chat bridge instead")
+    else:
+        print(f"\n# pages: Alertmanager sends them to {s.alertmanager_webhook}")
     print("\n# export to this stack from a training process:")
     for k, v in s.client_env().items():
         print(f"export {k}={v}")

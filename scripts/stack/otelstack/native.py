@@ -19,7 +19,7 @@ from ._base import LOOPBACK, StackError, default_run_dir
 from .binaries import Binaries, ensure_binaries
 from .polling import http_get, wait_until
 from .ports import Ports
-from .render import DEFAULT_WEBHOOK_URL, clean_env, collector_env, jaeger_env
+from .render import clean_env, collector_env, jaeger_env
 from .supervisor import Component, Supervisor
 
 #: Start order (stopped in reverse): the collector exports to Jaeger, Prometheus alerts through Alertmanager.
@@ -46,7 +46,9 @@ class Stack:
     ) -> None:
         self.run_dir = Path(run_dir or default_run_dir()).resolve()
         self.binaries = binaries
-        self.webhook_url = webhook_url or os.environ.get("OTEL_TRAINING_WEBHOOK_URL") or DEFAULT_WEBHOOK_URL
+        #: Where Alertmanager sends pages; None: the stack's own receiver, writing them to ``notifications_file``
+        #: (the shipped configuration's default, a webhook on the Docker host, resolves only in docker-compose).
+        self.webhook_url = webhook_url or os.environ.get("OTEL_TRAINING_WEBHOOK_URL") or None
         self.fast = fast
         self.scrape_interval = scrape_interval or ("1s" if fast else "15s")
         self.evaluation_interval = evaluation_interval or ("1s" if fast else "15s")
@@ -112,6 +114,16 @@ class Stack:
         return self.run_dir / "alerts" / "alerts.jsonl"
 
     @property
+    def notifications_file(self) -> Path | None:
+        """Alertmanager's notifications, one JSON object a line, when the stack's own receiver takes them."""
+        return self.run_dir / "webhook" / "notifications.jsonl" if self.webhook_url is None else None
+
+    @property
+    def alertmanager_webhook(self) -> str:
+        """The URL Alertmanager sends pages to."""
+        return self.webhook_url or f"http://{LOOPBACK}:{self._p().webhook}/otel-training/alerts"
+
+    @property
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
@@ -144,6 +156,8 @@ class Stack:
             "prometheus": self.prometheus_url,
             "alertmanager": self.alertmanager_url,
             "alerts_file": str(self.alerts_file),
+            "alertmanager_webhook": self.alertmanager_webhook,
+            **({"notifications_file": str(self.notifications_file)} if self.notifications_file else {}),
         }
 
     # -- lifecycle ------------------------------------------------------------
@@ -174,16 +188,17 @@ class Stack:
             alerts_file=self.alerts_file, queue_dir=self.collector_queue_dir, log_level=self.log_level,
             OTELCOL_SPANMETRICS_FLUSH_INTERVAL=self.spanmetrics_flush_interval,
         ))
-        alertmanager = services.alertmanager(b.alertmanager, self.run_dir, p, base_env, webhook_url=self.webhook_url,
-                                             fast=self.fast)
+        receiver = [services.webhook(self.run_dir, p, base_env)] if self.webhook_url is None else []
+        alertmanager = services.alertmanager(b.alertmanager, self.run_dir, p, base_env,
+                                             webhook_url=self.alertmanager_webhook, fast=self.fast)
         prometheus = services.prometheus(
             b.prometheus, self.run_dir, p, base_env, scrape_interval=self.scrape_interval,
             evaluation_interval=self.evaluation_interval, rule_for_override=self.rule_for_override,
             rule_replacements=self.rule_replacements,
         )
         self.supervisor = self._new_supervisor()
-        self.supervisor.add(jaeger, collector, alertmanager, prometheus)
-        assert tuple(self.supervisor.components) == COMPONENTS
+        self.supervisor.add(jaeger, collector, *receiver, alertmanager, prometheus)
+        assert tuple(name for name in self.supervisor.components if name != "webhook") == COMPONENTS
 
     def start(self, attempts: int = 3) -> "Stack":
         """Start all four processes and wait until each is healthy.

@@ -61,6 +61,8 @@ class Ports:
     jaeger_metrics: int
     prometheus: int
     alertmanager: int
+    #: The stack's own webhook receiver (used when no --webhook-url is given; 0 in a state file from before it).
+    webhook: int = 0
 
     @classmethod
     def allocate(cls) -> "Ports":

@@ -4,6 +4,7 @@ that says it is up. The native stack and the agent/gateway topology both build f
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -66,6 +67,20 @@ def prometheus(binary: Path, run_dir: Path, ports: Ports, base_env: dict[str, st
                                                       evaluation_interval=evaluation_interval),
         },
         data_dirs=(data,),
+    )
+
+
+def webhook(run_dir: Path, ports: Ports, base_env: dict[str, str]) -> Component:
+    """The stack's own Alertmanager webhook receiver (``webhook.py``): notifications to a file, one a line."""
+    out = run_dir / "webhook" / "notifications.jsonl"
+    return Component(
+        "webhook",
+        [sys.executable, str(Path(__file__).with_name("webhook.py")), "--host", LOOPBACK, "--port",
+         str(ports.webhook), "--out", str(out)],
+        base_env,
+        run_dir / "logs" / "webhook.log",
+        f"http://{LOOPBACK}:{ports.webhook}/-/ready",
+        data_dirs=(out.parent,),
     )
 
 
