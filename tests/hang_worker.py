@@ -21,6 +21,9 @@ an ``all_gather`` of the loss for logging, optimizer step.
 * ``after_step``: rank R sleeps ``--hang-s`` seconds right after step K's
   ``optimizer.step()``, between two steps (a slow logging or checkpoint call
   there), then the job goes on;
+* ``logging``: every rank all-reduces its loss for logging after
+  ``optimizer.step()`` (outside the step span); rank R sleeps ``--hang-s`` seconds
+  before it at step K, so the others wait in that all-reduce, between steps;
 * ``healthy``: no fault; every 6 steps rank 0 saves a checkpoint while the others
   wait in a barrier, and every 6 steps (offset 3) every rank evaluates, each for
   ``--pause`` seconds; runs ``--steps`` steps and exits 0.
@@ -47,7 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenario", default="healthy",
                         choices=("healthy", "sleeper", "skip", "kill", "equal", "freeze", "slow_data",
-                                 "after_step"))
+                                 "after_step", "logging"))
     parser.add_argument("--culprit", type=int, default=1)
     parser.add_argument("--at-step", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1000)
@@ -110,6 +113,12 @@ def main() -> int:
         if args.scenario == "after_step" and rank == args.culprit and step == args.at_step:
             print(f"HANG rank={rank} step={step}", flush=True)
             time.sleep(args.hang_s)  # between this step and the next: no step of its own is open
+        if args.scenario == "logging":
+            if rank == args.culprit and step == args.at_step:
+                print(f"HANG rank={rank} step={step}", flush=True)
+                time.sleep(args.hang_s)  # slow in its own logging code, before the logging all-reduce
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)  # the loss for logging, after optimizer.step(): between steps
         if args.scenario == "healthy" and step % 6 == 0 and step:
             if rank == 0:
                 torch.save(model.state_dict(), checkpoint)

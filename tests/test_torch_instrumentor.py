@@ -92,6 +92,35 @@ def test_one_numbered_step_span_per_iteration_covering_the_data_wait(instrumente
         assert before["end"] <= after["start"]
 
 
+def test_an_evaluation_loop_between_epochs_is_an_evaluate_span_and_a_sanity_check_before_training_is_not(
+        instrumented):
+    """Batches fetched without gradients after a step are an evaluation: one ``training.evaluate`` span from the
+    first such fetch until the next step opens (host work: no hang between steps, and goodput's evaluation)."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch.no_grad():  # a sanity check before training: no step before it, so no evaluation span
+        for x, _ in make_loader(2):
+            model(x)
+    for _epoch in range(2):
+        model.train()
+        for x, y in make_loader(3):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, _ in make_loader(4, delay_s=0.001):
+                model(x)
+    assert instrumented.shutdown(timeout_s=10).completed  # the last evaluation ends with the pipeline
+    spans = read_spans(instrumented.trace_path)
+    steps, evaluations = named(spans, sc.SPAN_STEP), named(spans, sc.SPAN_EVALUATE)
+    assert len(steps) == 6 and len(evaluations) == 2, [s["name"] for s in spans]
+    assert all(e["attributes"][sc.INSTRUMENTATION_SOURCE] == "torch" for e in evaluations)
+    # the first after epoch 0's last step, ended when epoch 1's first step opened; the second ends at shutdown
+    assert steps[2]["end"] <= evaluations[0]["start"] and evaluations[0]["end"] <= steps[3]["start"]
+    assert steps[5]["end"] <= evaluations[1]["start"]
+
+
 def test_gradient_accumulation_gives_substeps(instrumented):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

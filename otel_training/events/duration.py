@@ -111,6 +111,11 @@ class Duration:
         """Start the span and make it current."""
         return self._begin(None)
 
+    def begin_detached(self) -> Duration:
+        """Start the span without making it the caller's current span (``context()`` gives one where it is):
+        for an instrumentor that opens and closes spans at hook calls, which must not change the user's context."""
+        return self._begin(None, detached=True)
+
     def _begin(self, rt: EventsRuntime | None, detached: bool = False) -> Duration:
         """``detached``: the span does not become the caller's current span (``context()`` makes one where it is)."""
         try:

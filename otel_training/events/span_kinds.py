@@ -57,7 +57,8 @@ class StepDuration(Duration):
                 log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
                          "device; training continues")
 
-    def begin_detached(self, awaiting_input: bool = False, rt: EventsRuntime | None = None) -> Duration:
+    def begin_detached(self, awaiting_input: bool = False,  # type: ignore[override]
+                       rt: EventsRuntime | None = None) -> Duration:
         """Begin without becoming the caller's current span; ``context()`` gives a context where it is.
 
         For the torch instrumentor, whose steps open and close at hook calls: a step closed at an odd moment

@@ -49,6 +49,7 @@ from otel_training.processors.stuck import parse_span_names
 from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.device_steps import DeviceSteps
+from otel_training.pipeline.host_gaps import HostGaps
 from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS, VALUES
 from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
@@ -146,6 +147,9 @@ class Replayer:
         #: The device spans of a training process whose markers a native thread resolves (``device_steps.py``).
         self.device_steps = DeviceSteps(telemetry.tracer,
                                         lambda: telemetry.stuck_threshold_s(sc.SPAN_DEVICE_STEP))
+        #: The time between host steps where no device timeline watches it (``host_gaps.py``).
+        self.host_gaps = HostGaps(telemetry.tracer, lambda: telemetry.stuck_threshold_s(sc.SPAN_STEP),
+                                  lambda: self.device_steps.active)
 
     def apply_all(self, payloads: list[bytes]) -> None:
         decode_fast = self.decode_fast
@@ -236,6 +240,7 @@ class Replayer:
         self.open[span_id] = span  # type: ignore[assignment]
         epoch = (parent.attributes or {}).get(sc.EPOCH) if parent is not None else None
         self.device_steps.host_began(span_id, span, epoch)  # type: ignore[arg-type]
+        self.host_gaps.host_began(span_id, span, epoch)  # type: ignore[arg-type]
 
     def _end(self, record: tuple[Any, ...]) -> None:
         span = self.open.pop(record[1], None)
@@ -255,6 +260,7 @@ class Replayer:
             for link in _links(links) or ():
                 span.add_link(link.context, link.attributes)
         self.device_steps.host_ended(record[1], span, record[2])
+        self.host_gaps.host_ended(record[1], span, record[2])
         span.end(record[2])
         self.replayed += 1
 
@@ -298,7 +304,9 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     while not replayer.closed:
         records = ring.read()
         replayer.apply_all(records)
-        replayer.device_steps.tick(time.time_ns())
+        now_ns = time.time_ns()
+        replayer.device_steps.tick(now_ns)
+        replayer.host_gaps.tick(now_ns)
         telemetry.values_tick()
         if ring.corrupt:
             log_once("ring-corrupt", "otel_training: the offload ring held bytes that were not records (damaged "
@@ -313,6 +321,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
                 replayer.apply_all(ring.read(1 << 62))
                 break
             time.sleep(POLL_S)
+    replayer.host_gaps.abandon(time.time_ns())
     replayer.device_steps.abandon("the device work of this step had not completed when the training process "
                                   "closed its pipeline" if replayer.closed else "the training process ended")
     if watchdog and replayer.open and not replayer.closed:

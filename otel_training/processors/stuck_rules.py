@@ -92,8 +92,11 @@ class StuckRules:
 
     def _match(self, name: str) -> ThresholdLearner | None:
         if name == sc.SPAN_BETWEEN_STEPS and name not in self.rules:
-            # The host between steps is judged by the step's threshold (its learner is shared, never fed).
-            return self.learner_for(sc.SPAN_DEVICE_STEP)
+            # The host between steps is judged by the step's threshold (its learner is shared, never fed): the
+            # device step's where a device timeline times steps, else the host step's (a CPU job's gaps,
+            # pipeline/host_gaps.py), whose first-span allowance the steps before the gap retired.
+            device = self.learner_for(sc.SPAN_DEVICE_STEP)
+            return device if device is not None and device.count else self.learner_for(sc.SPAN_STEP)
         learner = self._match_rule(name, name)
         if learner is None and name in TIMED_AS:
             learner = self._match_rule(TIMED_AS[name], name)

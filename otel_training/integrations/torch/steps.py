@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +59,7 @@ from otel_training.pipeline.configure import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.integrations.spans import record_span
+from otel_training.integrations.torch.loader_length import LoaderLengths
 
 SOURCE = "torch"
 #: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
@@ -98,11 +98,12 @@ class StepTracker:
         self._telemetry: Any = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
-        #: The DataLoader iterator last fetched from (weakly: it owns worker processes) and its length,
-        #: one tuple: read once per fetch, so a thread fetching from another loader never mixes the two.
-        self._length_of: tuple[Callable[[], Any], int | None] = (_dead, None)
+        #: Whether a DataLoader iterator has nothing left (``loader_length.py``).
+        self._lengths = LoaderLengths()
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
+        #: The evaluation in progress (batches fetched without gradients between steps), if any.
+        self._evaluation: Duration | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -159,12 +160,13 @@ class StepTracker:
     # -- opening and closing ----------------------------------------------
     def _open(self, awaiting_input: bool = False) -> None:
         """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``."""
+        self._end_evaluation()
         self._disarm_forward()
         self._just_closed = False
         rt = self.trainer.events_runtime()
         if rt.telemetry is not self._telemetry:
             self._telemetry = rt.telemetry
-            rt.telemetry.on_shutdown(self.close)
+            rt.telemetry.on_shutdown(self._pipeline_closing)
         step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
         step.begin_detached(awaiting_input, rt)
         self._start_ns = time.time_ns()
@@ -237,11 +239,14 @@ class StepTracker:
         """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
         if self.dormant and self._still_dormant():
             return None
-        exhausted = self._exhausted(iterator)
+        exhausted = self._lengths.exhausted(iterator)
         if self._records_here():
             self._boundary(fetch=True)
-            if self._step is None and torch.is_grad_enabled() and not exhausted:
-                self._open(awaiting_input=True)
+            if self._step is None and not exhausted:
+                if torch.is_grad_enabled():
+                    self._open(awaiting_input=True)
+                elif self._number:  # batches without gradients after training began: an evaluation
+                    self._begin_evaluation()
             self._fetched = self._step is not None
         return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
 
@@ -360,41 +365,28 @@ class StepTracker:
         elif not self._fetched:
             self._arm_forward()
 
+    # -- evaluations: fetches without gradients between steps -------------------
+    def _begin_evaluation(self) -> None:
+        """A ``training.evaluate`` span from the first batch fetched without gradients after a step until the
+        next step opens: host work, so the time between steps it covers is no hang (``host_gaps.py``), and
+        goodput counts it as evaluation."""
+        if self._evaluation is None:
+            self._evaluation = self.trainer.evaluate(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+            self._evaluation.begin_detached()
+
+    def _end_evaluation(self) -> None:
+        evaluation, self._evaluation = self._evaluation, None
+        if evaluation is not None:
+            evaluation.end()
+
+    def _pipeline_closing(self) -> None:
+        """The pipeline shuts down: the open evaluation and step end (exported, not lost)."""
+        self._end_evaluation()
+        self.close()
+
     def shutdown(self) -> None:
+        self._end_evaluation()
         self.close()
         self._disarm_forward()
         if self.collectives is not None:
             self.collectives.close()
-
-
-    def _exhausted(self, iterator: Any) -> bool:
-        """True when a sized DataLoader iterator has nothing left (the fetch will raise StopIteration).
-
-        Its length is asked once per iterator and epoch: ``len()`` goes through the sampler's Python
-        ``__len__`` methods, several calls a step. A persistent-workers loader reuses its iterator
-        every epoch, and a bucketing sampler's length changes with the epoch: asked again whenever
-        the iterator starts over.
-        """
-        try:
-            yielded = iterator._num_yielded
-        except Exception:  # noqa: BLE001 - not a DataLoader iterator
-            return False
-        reference, length = self._length_of
-        if yielded == 0 or reference() is not iterator:
-            try:
-                length = len(iterator)
-            except Exception:  # noqa: BLE001 - iterable datasets have no length
-                length = None
-            try:
-                reference = weakref.ref(iterator)
-            except TypeError:  # no weak references: ask every time
-                reference = _dead
-            self._length_of = (reference, length)
-        return length is not None and yielded >= length
-
-
-def _dead() -> None:
-    """A weak reference to nothing."""
-    return None
-
-
