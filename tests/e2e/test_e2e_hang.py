@@ -87,6 +87,9 @@ def _pages(notifications: list[dict]) -> set[tuple[str, str]]:
 @pytest.mark.parametrize(("scenario", "culprit", "reason", "culprit_op", "waiting_op"), [
     ("sleeper", 1, "not_entered", "allgather", "allreduce"),  # asleep before its forward pass
     ("skip", 2, "mismatch", "allreduce", "allgather"),  # skipped the loss all_gather
+    # slow before the logging all_reduce every rank makes after optimizer.step(): the others wait in it
+    # between steps, alerted by the drain's watch of that time (issue 27)
+    ("logging", 2, "not_entered", "allgather", "allreduce"),
 ])
 def test_the_culprit_is_named_in_one_page(hang_stack, alert_webhook, tmp_path, scenario, culprit, reason,
                                           culprit_op, waiting_op):
