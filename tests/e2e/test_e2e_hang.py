@@ -24,9 +24,17 @@ from stack_helpers import WebhookReceiver
 from training_helpers import DEADLINE, E2E_MARKS, alert_fired, new_job_id, training_env
 
 require("torch")
-from otel_training.integrations.torch.collective_routes import supported  # noqa: E402
+from otel_training.integrations.torch.collective_routes import route, supported  # noqa: E402
 
-pytestmark = [*E2E_MARKS, pytest.mark.skipif(not supported(), reason="this torch has no ProcessGroup collective hooks")]
+pytestmark = [*E2E_MARKS, pytest.mark.skipif(route()[0] == "off", reason=f"no collective tracking: {route()[1]}")]
+
+
+@pytest.fixture(params=["hooks", "sequence"])
+def tracking(request: pytest.FixtureRequest) -> str:
+    """Each case on both tracking routes: torch's hooks, and the sequence route older torch takes."""
+    if request.param == "hooks" and not supported():
+        pytest.skip(f"{route()[1]}: the sequence route runs instead")
+    return str(request.param)
 
 STUCK_S = 2.0
 #: The verdict's for: window, shortened like the other windows of the test stack.
@@ -54,13 +62,13 @@ def _notifications(webhook: WebhookReceiver, job_id: str) -> list[dict]:
 
 
 def _run(stack, webhook: WebhookReceiver, tmp_path: Path, world: int, args: list[str], alertname: str,
-         **env: str) -> tuple[dict, list[dict], float]:
+         tracking: str, **env: str) -> tuple[dict, list[dict], float]:
     """Run the ranks until ``alertname`` reaches the webhook for the job; return it, every firing
     notification of the job, and the seconds from the first stuck report to it."""
     job_id = new_job_id("e2e-hang")
     out = tmp_path / "out"
     env = training_env(stack, service=f"{job_id}-svc", job_id=job_id, OTEL_TRAINING_STUCK_THRESHOLD_S=str(STUCK_S),
-                       TORCH_FR_BUFFER_SIZE="200", **env)
+                       TORCH_FR_BUFFER_SIZE="200", OTEL_TRAINING_COLLECTIVE_TRACKING=tracking, **env)
     with Ranks(out, world, [*args, "--at-step", str(AT_STEP)], env) as ranks:
         def hung() -> float | None:
             for rank in range(world):
@@ -92,9 +100,10 @@ def _pages(notifications: list[dict]) -> set[tuple[str, str]]:
     ("logging", 2, "not_entered", "allgather", "allreduce"),
 ])
 def test_the_culprit_is_named_in_one_page(hang_stack, alert_webhook, tmp_path, scenario, culprit, reason,
-                                          culprit_op, waiting_op):
+                                          culprit_op, waiting_op, tracking):
     alert, notifications, delay = _run(hang_stack, alert_webhook, tmp_path, 3,
-                                       ["--scenario", scenario, "--culprit", str(culprit)], "TrainingHangCulprit")
+                                       ["--scenario", scenario, "--culprit", str(culprit)], "TrainingHangCulprit",
+                                       tracking)
     assert alert["labels"]["training_rank"] == str(culprit) and alert["labels"]["reason"] == reason, alert
     assert f"It last entered {culprit_op}" in alert["annotations"]["description"]
     assert f"rank 0 in {waiting_op}" in alert["annotations"]["description"]
@@ -103,9 +112,9 @@ def test_the_culprit_is_named_in_one_page(hang_stack, alert_webhook, tmp_path, s
     print(f"{scenario}: culprit page {delay:.1f} s after the stuck reports (bound {BOUND_S} s + slack)")
 
 
-def test_a_sigkilled_rank_pages_once_as_died(hang_stack, alert_webhook, tmp_path):
+def test_a_sigkilled_rank_pages_once_as_died(hang_stack, alert_webhook, tmp_path, tracking):
     alert, notifications, _ = _run(hang_stack, alert_webhook, tmp_path, 3,
-                                   ["--scenario", "kill", "--culprit", "1"], "TrainingRankDied",
+                                   ["--scenario", "kill", "--culprit", "1"], "TrainingRankDied", tracking,
                                    OTEL_TRAINING_WATCHDOG="true")
     assert alert["labels"]["training_rank"] == "1", alert
     # gloo fails the survivors' collective at once (no one is left waiting, so no culprit page
@@ -113,9 +122,9 @@ def test_a_sigkilled_rank_pages_once_as_died(hang_stack, alert_webhook, tmp_path
     assert _pages(notifications) == {("TrainingRankDied", "1")}, notifications
 
 
-def test_ranks_delayed_equally_page_once_with_no_single_culprit(hang_stack, alert_webhook, tmp_path):
+def test_ranks_delayed_equally_page_once_with_no_single_culprit(hang_stack, alert_webhook, tmp_path, tracking):
     alert, notifications, delay = _run(hang_stack, alert_webhook, tmp_path, 2, ["--scenario", "equal"],
-                                       "TrainingHangNoCulprit")
+                                       "TrainingHangNoCulprit", tracking)
     assert "rank 0 last entered allgather" in alert["annotations"]["description"]
     assert _pages(notifications) == {("TrainingHangNoCulprit", "")}, notifications
     assert delay < BOUND_S + SLACK_S

@@ -52,7 +52,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
-from otel_training.integrations.torch.flight_recorder import flight_recorder, name_ops
+from otel_training.integrations.torch.flight_recorder import flight_recorder, flight_recorder_enabled, name_ops
 
 #: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
 HOOK_ID = 0x07E1_0017
@@ -292,12 +292,19 @@ class CollectiveTracker:
         """(metric, value, attributes) per group: read by the metric reader's thread."""
         rows: list[tuple[str, float, dict[str, Any]]] = [(sc.METRIC_HEARTBEAT, time.time(), {})]
         now = time.monotonic_ns()
-        for state in list(self.groups.values()):
+        states = list(self.groups.values())
+        for state in states:
             try:
                 state.refresh()
                 state.poll()
             except Exception:  # noqa: BLE001 - a destroyed group's Work
                 pass
+        # The sequence route names a new collective's op here too, from the flight recorder when it is on: the
+        # gauge's op label is then the same from the collective's first observation to its alert (a label
+        # changing from unknown to named would read, live, as two ranks in different ops: a mismatch).
+        if any(state.sequence is not None and state.op is None for state in states) and flight_recorder_enabled():
+            name_ops(states, flight_recorder({state.backend for state in states}, only_active=False))
+        for state in states:
             group = {sc.COLLECTIVE_GROUP: state.name}
             rows.append((sc.METRIC_COLLECTIVE_ENTERED, state.entered, dict(group, **{sc.COLLECTIVE_OP: state.op_name})))
             rows.append((sc.METRIC_COLLECTIVE_COMPLETED, state.completed, group))

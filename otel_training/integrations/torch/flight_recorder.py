@@ -33,8 +33,9 @@ def flight_recorder_enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
-                    max_chars: int = MAX_FR_CHARS) -> dict[str, Any]:
-    """torch's flight recorder entries still in flight, newest last, bounded; or why there are none."""
+                    max_chars: int = MAX_FR_CHARS, only_active: bool = True) -> dict[str, Any]:
+    """torch's flight recorder entries still in flight (``only_active``; else the latest, completed ones too),
+    newest last, bounded; or why there are none."""
     if not flight_recorder_enabled():
         return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
     try:
@@ -46,15 +47,19 @@ def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
     for backend in sorted(set(backends)):
         try:
             if backend == "nccl":
-                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=True)  # noqa: SLF001
+                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=only_active)  # noqa: SLF001
             else:
-                raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True, backend=backend)  # noqa: SLF001
+                try:
+                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active,  # noqa: SLF001
+                                                   backend=backend)
+                except TypeError:  # torch before the recorder per backend (2.11): one recorder for every group
+                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active)  # noqa: SLF001
             dump = json.loads(raw)
         except Exception as error:  # noqa: BLE001 - no recorder for this backend
             errors.append(f"{backend}: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
             continue
         for entry in dump.get("entries", []):
-            if not entry.get("retired", False):
+            if not (only_active and entry.get("retired", False)):
                 entries.append({key: entry[key] for key in _FR_FIELDS if key in entry})
     attributes: dict[str, Any] = {}
     if errors:
