@@ -147,8 +147,10 @@ def test_steps_are_timed_on_the_device_by_the_native_thread_and_the_drain_makes_
         assert span["start"] >= max(host["start"], previous_end)
         assert span["end"] - span["start"] >= 1_500_000
         previous_end = span["end"]
-    (gap,) = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
-    assert gap["attributes"][sc.STEP] == 3
+    # the gap after step 3 (a loaded machine, or the sanitizer build, may leave the host out of a step past
+    # the 0.3 s threshold elsewhere too: those gaps are true as well)
+    gaps = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
+    assert [gap["attributes"][sc.STEP] for gap in gaps].count(3) == 1, gaps
     stats = telemetry.device_stats()
     assert stats["resolved"] == 12 and stats["dropped"] == 0 and stats["refused"] == 0
 

@@ -44,6 +44,14 @@ def torch_version() -> str:
 
     return torch.__version__
 
+
+def ops_named(route: str) -> bool:
+    """Whether this route names the ops: the hooks do; the sequence route only through the flight recorder,
+    which torch before 2.2 does not have for gloo (then the verdict names the rank, not the op)."""
+    import torch._C._distributed_c10d as c10d
+
+    return route == "hooks" or hasattr(c10d, "_dump_fr_trace_json")
+
 #: Generous: a loaded 2-core machine imports torch in several processes at once.
 DEADLINE_S = 180.0
 AT_STEP = 4
@@ -88,7 +96,7 @@ def _offline_verdict(out: Path, world: int):
     return result, timelines
 
 
-def test_a_rank_sleeping_before_the_all_reduce_is_the_culprit(tmp_path: Path):
+def test_a_rank_sleeping_before_the_all_reduce_is_the_culprit(tmp_path: Path, route: str):
     out = tmp_path / "out"
     with Ranks(out, 3, ["--scenario", "sleeper", "--culprit", "1", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
         _stuck_with_gauges(ranks, out, [0, 1, 2])
@@ -96,20 +104,26 @@ def test_a_rank_sleeping_before_the_all_reduce_is_the_culprit(tmp_path: Path):
         offline, timelines = _offline_verdict(out, 3)
         # the waiters' alerts carry the collective they are inside, and the flight recorder's entry for it
         (waiting,) = [a for a in alerts(out, 0, sc.ALERT_KIND_STUCK) if not a.attributes.get(sc.ALERT_REPEAT)]
+    op = "allreduce" if ops_named(route) else ""
     for result in (live, offline):
         assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NOT_ENTERED)], result
-        assert result.op == "allreduce" and result.waiting == {0: (1,), 2: (1,)}
+        assert result.op == op and result.waiting == {0: (1,), 2: (1,)}
     attributes = waiting.attributes
-    assert attributes[sc.COLLECTIVE_PENDING] is True and attributes[sc.COLLECTIVE_OP] == "allreduce"
+    assert attributes[sc.COLLECTIVE_PENDING] is True and attributes[sc.COLLECTIVE_OP] == op
     assert attributes[sc.COLLECTIVE_SEQ] == offline.seq and attributes[sc.COLLECTIVE_WAIT_S] > 1.0
-    assert f'"collective_seq_id":{offline.seq}' in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
-    assert "gloo:all_reduce" in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
+    if ops_named(route):
+        assert f'"collective_seq_id":{offline.seq}' in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
+        assert "gloo:all_reduce" in attributes[sc.COLLECTIVE_FLIGHT_RECORDER]
     assert timelines[1][-1] == "stuck: outside any collective"
     printed = _report(out, 3)
     assert "Hang verdict: culprit rank 1" in printed and "rank(s) 0, 2 waiting on rank 1" in printed, printed
 
 
-def test_a_rank_skipping_a_collective_is_the_culprit_with_the_sequence_numbers_that_differ(tmp_path: Path):
+def test_a_rank_skipping_a_collective_is_the_culprit_with_the_sequence_numbers_that_differ(tmp_path: Path,
+                                                                                         route: str):
+    if not ops_named(route):
+        pytest.skip(f"torch {torch_version()} has neither the ProcessGroup hooks nor gloo's flight recorder: an "
+                    "unmatched collective (same sequence number, another op) is not told apart on it")
     out = tmp_path / "out"
     with Ranks(out, 3, ["--scenario", "skip", "--culprit", "2", "--at-step", str(AT_STEP)], env_for(out)) as ranks:
         _stuck_with_gauges(ranks, out, [0, 1, 2])
@@ -164,7 +178,7 @@ def test_every_rank_delayed_equally_is_no_single_culprit(tmp_path: Path):
     assert f"Hang verdict: {offline.summary}" in printed, printed
 
 
-def test_a_rank_whose_data_loading_blocked_and_recovered_gets_the_episodes_verdict(tmp_path: Path):
+def test_a_rank_whose_data_loading_blocked_and_recovered_gets_the_episodes_verdict(tmp_path: Path, route: str):
     """Four ranks; rank 2's storage blocks for 6 s at step 4 (past the 2 s threshold), then the job goes on and
     ends: nobody is stuck when the files end, and the report still says who held the others up, in what, for
     how long (issue 28)."""
@@ -181,7 +195,8 @@ def test_a_rank_whose_data_loading_blocked_and_recovered_gets_the_episodes_verdi
     match = re.match(r"Hang episode 1: ([\d.]+) s, step 4, rank\(s\) 0, 1, 2, 3 stuck, recovered$", episode)
     assert match and 5.0 <= float(match.group(1)) < 30.0, printed
     assert "  Hang verdict: culprit rank 2 (not_entered: " in printed, printed
-    assert "has not entered allreduce" in printed and "  rank(s) 0, 1, 3 waiting on rank 2" in printed, printed
+    assert "has not entered allreduce" in printed or not ops_named(route), printed
+    assert "  rank(s) 0, 1, 3 waiting on rank 2" in printed, printed
 
 
 def test_a_rank_blocked_between_its_steps_is_alerted_and_named(tmp_path: Path):

@@ -232,7 +232,8 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
 
     with trainer.step(global_step=7):
         assert wait_until(lambda: alerts(sc.ALERT_KIND_STUCK), timeout_s=30)
-    (stuck,) = alerts(sc.ALERT_KIND_STUCK)
+    # the first alert (a slow machine, or the sanitizer build, may add repeats at 2x, 4x... the threshold)
+    (stuck,) = [alert for alert in alerts(sc.ALERT_KIND_STUCK) if not alert["attributes"].get(sc.ALERT_REPEAT)]
     assert stuck["attributes"][sc.STEP] == 7
     # The training process's stacks, asked for by the drain: this test is where the step is stuck.
     stacks = stuck["attributes"][sc.ALERT_STACKS]
@@ -439,8 +440,10 @@ def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_
         list(range(6))
     host = {span["span_id"] for span in exported if span["name"] == sc.SPAN_STEP}
     assert all(span["parent_id"] in host for span in exported if span["name"] == sc.SPAN_DEVICE_STEP)
-    (gap,) = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
-    assert gap["attributes"][sc.STEP] == 3
+    # the gap after step 3 (a loaded machine, or the sanitizer build, may leave the host out of a step past
+    # the 0.3 s threshold elsewhere too: those gaps are true as well)
+    gaps = [span for span in exported if span["name"] == sc.SPAN_BETWEEN_STEPS]
+    assert [gap["attributes"][sc.STEP] for gap in gaps].count(3) == 1, gaps
 
 
 def test_otel_training_run_offloads_an_unmodified_torch_loop(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import socket
 import time
@@ -19,6 +20,7 @@ from otlp_json import read_spans  # noqa: E402
 
 from otel_training import semconv as sc  # noqa: E402
 from otel_training.integrations.torch import TorchInstrumentor  # noqa: E402
+from otel_training.integrations.torch.instrumentor import _grad_scaler_module  # noqa: E402
 
 
 @pytest.fixture
@@ -175,6 +177,8 @@ def test_gan_style_loop_with_backward_between_optimizers_is_one_step_per_batch(i
                for s in steps)
 
 
+@pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"),
+                    reason=f"torch {torch.__version__} has no CPU GradScaler (torch.amp.GradScaler came in 2.3)")
 def test_grad_scaler_skip_is_marked_and_ends_at_the_iteration_boundary(instrumented):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -306,8 +310,12 @@ def test_distributed_checkpoint_and_process_group_spans(instrumented, tmp_path: 
     try:
         dist.barrier()
         state = {"model": make_model().state_dict()}
-        dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
-        dcp.load(state, checkpoint_id=str(tmp_path / "dcp"))
+        if hasattr(dcp, "save"):
+            dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+            dcp.load(state, checkpoint_id=str(tmp_path / "dcp"))
+        else:  # torch 2.1: the API before save/load
+            dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")))
+            dcp.load_state_dict(state, storage_reader=dcp.FileSystemReader(str(tmp_path / "dcp")))
     finally:
         dist.destroy_process_group()
 
@@ -332,7 +340,7 @@ def test_uninstrument_restores_everything(configure):
     originals = {
         "save": torch.save, "load": torch.load, "backward": torch.autograd.backward,
         "next": dataloader_module._BaseDataLoaderIter.__next__,
-        "scaler": torch.amp.GradScaler.step, "init": dist.init_process_group, "barrier": dist.barrier,
+        "scaler": _grad_scaler_module().GradScaler.step, "init": dist.init_process_group, "barrier": dist.barrier,
     }
     pre, post = dict(optimizer_module._global_optimizer_pre_hooks), dict(optimizer_module._global_optimizer_post_hooks)
     forward_hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
@@ -345,7 +353,7 @@ def test_uninstrument_restores_everything(configure):
     assert torch.save is originals["save"] and torch.load is originals["load"]
     assert torch.autograd.backward is originals["backward"]
     assert dataloader_module._BaseDataLoaderIter.__next__ is originals["next"]
-    assert torch.amp.GradScaler.step is originals["scaler"]
+    assert _grad_scaler_module().GradScaler.step is originals["scaler"]
     assert dist.init_process_group is originals["init"] and dist.barrier is originals["barrier"]
     assert dict(optimizer_module._global_optimizer_pre_hooks) == pre
     assert dict(optimizer_module._global_optimizer_post_hooks) == post
@@ -419,7 +427,7 @@ def test_dormant_instrumentation_records_and_configures_nothing_until_the_proces
         assert claims == [] and get_telemetry() is None
         started = time.time_ns()
         # Positional arguments, as a spawned rank may pass its rank.
-        dist.init_process_group("gloo", f"tcp://127.0.0.1:{_free_port()}", None, 1, 0)
+        dist.init_process_group("gloo", f"tcp://127.0.0.1:{_free_port()}", datetime.timedelta(seconds=60), 1, 0)
         try:
             assert claims == [(0, 1)]
             train(model, optimizer, 3)

@@ -152,7 +152,7 @@ class CollectiveTracker:
         if pg is None or not hasattr(pg, "register_pre_hook" if self.route == "hooks"
                                      else "_get_sequence_number_for_group"):
             return False
-        name = str(getattr(pg, "group_name", "") or len(self.groups))
+        name = _group_name(pg) or str(len(self.groups))
         if name in self.groups:
             return True
         try:
@@ -366,6 +366,20 @@ def _p2p_values() -> frozenset[int]:
 
     names = getattr(c10d, "HookOpName", None)
     return frozenset(int(getattr(names, name)) for name in _P2P if names is not None and hasattr(names, name))
+
+
+def _group_name(pg: Any) -> str:
+    """The group's name as torch (and its flight recorder) calls it: ``pg.group_name``, or, on torch before
+    that attribute (2.1), the name ``distributed_c10d`` keeps for it; "" when neither says."""
+    name = getattr(pg, "group_name", None)
+    if name:
+        return str(name)
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        return str(c10d._world.pg_names.get(pg, ""))  # noqa: SLF001 - the only record of it there
+    except Exception:  # noqa: BLE001 - a stand-in group in a test, or a torch without it
+        return ""
 
 
 def describe(state: GroupState, wait: bool = False) -> dict[str, Any]:

@@ -67,12 +67,21 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             call_contained(patch)
 
     def _wrap(self, module: Any, name: str, wrapper: Callable[..., Any]) -> None:
-        """``wrapt``-wrap ``module.name`` (a dotted name for a method) and remember how to undo it."""
+        """``wrapt``-wrap ``module.name`` (a dotted name for a method) and remember how to undo it.
+
+        A torch without that function (an older or newer one) loses that span only: said once in the log,
+        never raised into the script (the rest of the instrumentation still goes on)."""
         owner_path, _, attribute = name.rpartition(".")
         owner = module
-        for part in owner_path.split(".") if owner_path else ():
-            owner = getattr(owner, part)
-        wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
+        try:
+            for part in owner_path.split(".") if owner_path else ():
+                owner = getattr(owner, part)
+            wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
+        except Exception:  # noqa: BLE001 - API drift across torch versions
+            log_once(f"torch-wrap:{getattr(module, '__name__', module)}.{name}",
+                     "otel_training: this torch has no %s.%s to instrument; its spans are left out",
+                     getattr(module, "__name__", module), name, exc_info=False)
+            return
         self._undo.append(lambda: unwrap(owner, attribute))
 
     def _patch_torch(self) -> None:
@@ -93,7 +102,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._undo.append(register(hook).remove)
         self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker))
         self._wrap(torch.autograd, "backward", _backward_wrapper(tracker))
-        self._wrap(torch.amp.grad_scaler, "GradScaler.step", _scaler_wrapper(tracker))
+        self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
         self._wrap(torch, "load", checkpoint.load_wrapper(tracker))
         if torch.distributed.is_available():
@@ -103,8 +112,11 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             def patch_dcp() -> None:
                 dcp = sys.modules[_DCP]
-                self._wrap(dcp, "save", checkpoint.dcp_wrapper(tracker, save=True))
-                self._wrap(dcp, "load", checkpoint.dcp_wrapper(tracker, save=False))
+                # save/load since torch 2.2; save_state_dict/load_state_dict (2.1, deprecated since) as well
+                for name, save in (("save", True), ("load", False), ("save_state_dict", True),
+                                   ("load_state_dict", False)):
+                    if callable(getattr(dcp, name, None)):
+                        self._wrap(dcp, name, checkpoint.dcp_wrapper(tracker, save=save))
 
             if _DCP in sys.modules:
                 patch_dcp()
@@ -146,6 +158,17 @@ def suspend_steps() -> Callable[[], None]:
 
 
 # -- wrappers (each calls the original outside any try that could swallow its errors)
+
+
+def _grad_scaler_module() -> Any:
+    """The module of AMP's ``GradScaler``: ``torch.amp.grad_scaler`` since torch 2.3 (``torch.cuda.amp``'s is a
+    subclass there), ``torch.cuda.amp.grad_scaler`` before it (torch 2.1, 2.2)."""
+    import importlib
+
+    try:
+        return importlib.import_module("torch.amp.grad_scaler")
+    except ImportError:
+        return importlib.import_module("torch.cuda.amp.grad_scaler")
 
 
 def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
