@@ -24,7 +24,8 @@ an ``all_gather`` of the loss for logging, optimizer step.
 * ``logging``: every rank all-reduces its loss for logging after
   ``optimizer.step()`` (outside the step span); rank R sleeps ``--hang-s`` seconds
   before it at step K, so the others wait in that all-reduce, between steps;
-* ``healthy``: no fault; every 6 steps rank 0 saves a checkpoint while the others
+* ``healthy``: no fault; every rank all-reduces its loss for logging after
+  ``optimizer.step()``; every 6 steps rank 0 saves a checkpoint while the others
   wait in a barrier, and every 6 steps (offset 3) every rank evaluates, each for
   ``--pause`` seconds; runs ``--steps`` steps and exits 0.
 
@@ -113,6 +114,9 @@ def main() -> int:
         if args.scenario == "after_step" and rank == args.culprit and step == args.at_step:
             print(f"HANG rank={rank} step={step}", flush=True)
             time.sleep(args.hang_s)  # between this step and the next: no step of its own is open
+        if args.scenario == "healthy":
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)  # a real loop's logging all-reduce after optimizer.step(): no hang
         if args.scenario == "logging":
             if rank == args.culprit and step == args.at_step:
                 print(f"HANG rank={rank} step={step}", flush=True)
