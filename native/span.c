@@ -18,68 +18,52 @@
 #include <stddef.h>
 #include <structmember.h>
 
+/* The Python class's fields, by the names its methods use (record_span.RecordSpan): one list, which the struct,
+ * the member table, tp_traverse and tp_clear all expand, so none of them can miss a field.
+ * X(member, Python name, doc) */
+#define SPAN_FIELDS(X)                                                                                        \
+    X(provider, "_provider", "The RecordTracerProvider (its emit() writes a refused record).")              \
+    X(context, "_context", "The span's SpanContext.")                                                       \
+    X(parent, "parent", "The parent's SpanContext, or None for a root.")                                    \
+    X(name, "name", NULL)                                                                                   \
+    X(start_time, "start_time", NULL)                                                                       \
+    X(end_time, "end_time", "None while recording.")                                                        \
+    X(kind, "kind", NULL)                                                                                   \
+    X(attributes, "_attributes", "As begun.")                                                               \
+    X(updates, "_updates", "Attributes set since (None: none).")                                            \
+    X(events, "_events", NULL)                                                                              \
+    X(status, "_status", NULL)                                                                              \
+    X(renamed, "_renamed", NULL)                                                                            \
+    X(links, "_links", NULL)                                                                                \
+    X(on_exception, "_on_exception", "(record_exception, set_status_on_exception).")
+
 typedef struct {
     PyObject_HEAD
-    /* The Python class's fields, by the names its methods use (record_tracer.RecordSpan). */
-    PyObject *provider, *context, *parent, *name, *start_time, *end_time, *kind, *attributes, *updates, *events,
-        *status, *renamed, *links, *on_exception;
+#define DECLARE(member, python_name, doc) PyObject *member;
+    SPAN_FIELDS(DECLARE)
+#undef DECLARE
     RingCore *core;   /* the ring its fast end record goes to; NULL when made in Python (then _end_record) */
     uint64_t span_id; /* valid with core */
 } SpanCore;
 
-#define FIELD(name, member, doc) {name, T_OBJECT, offsetof(SpanCore, member), 0, doc}
 static PyMemberDef span_members[] = {
-    FIELD("_provider", provider, "The RecordTracerProvider (its emit() writes a refused record)."),
-    FIELD("_context", context, "The span's SpanContext."),
-    FIELD("parent", parent, "The parent's SpanContext, or None for a root."),
-    FIELD("name", name, NULL),
-    FIELD("start_time", start_time, NULL),
-    FIELD("end_time", end_time, "None while recording."),
-    FIELD("kind", kind, NULL),
-    FIELD("_attributes", attributes, "As begun."),
-    FIELD("_updates", updates, "Attributes set since (None: none)."),
-    FIELD("_events", events, NULL),
-    FIELD("_status", status, NULL),
-    FIELD("_renamed", renamed, NULL),
-    FIELD("_links", links, NULL),
-    FIELD("_on_exception", on_exception, "(record_exception, set_status_on_exception)."),
+#define MEMBER(member, python_name, doc) {python_name, T_OBJECT, offsetof(SpanCore, member), 0, doc},
+    SPAN_FIELDS(MEMBER)
+#undef MEMBER
     {NULL, 0, 0, 0, NULL},
 };
-#undef FIELD
 
 static int span_traverse(SpanCore *self, visitproc visit, void *arg) {
-    Py_VISIT(self->provider);
-    Py_VISIT(self->context);
-    Py_VISIT(self->parent);
-    Py_VISIT(self->name);
-    Py_VISIT(self->start_time);
-    Py_VISIT(self->end_time);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->attributes);
-    Py_VISIT(self->updates);
-    Py_VISIT(self->events);
-    Py_VISIT(self->status);
-    Py_VISIT(self->renamed);
-    Py_VISIT(self->links);
-    Py_VISIT(self->on_exception);
+#define VISIT(member, python_name, doc) Py_VISIT(self->member);
+    SPAN_FIELDS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int span_clear(SpanCore *self) {
-    Py_CLEAR(self->provider);
-    Py_CLEAR(self->context);
-    Py_CLEAR(self->parent);
-    Py_CLEAR(self->name);
-    Py_CLEAR(self->start_time);
-    Py_CLEAR(self->end_time);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->attributes);
-    Py_CLEAR(self->updates);
-    Py_CLEAR(self->events);
-    Py_CLEAR(self->status);
-    Py_CLEAR(self->renamed);
-    Py_CLEAR(self->links);
-    Py_CLEAR(self->on_exception);
+#define CLEAR(member, python_name, doc) Py_CLEAR(self->member);
+    SPAN_FIELDS(CLEAR)
+#undef CLEAR
     Py_CLEAR(self->core);
     return 0;
 }
