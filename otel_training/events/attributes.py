@@ -122,20 +122,16 @@ def _array_scalar(value: Any) -> Any:
     return _describe(value)
 
 
-def scalar_value(value: Any) -> Any:
-    """A value read from a device (a Python scalar) as an attribute value."""
-    return _value(value)
-
-
-def described(value: Any) -> Any:
-    """An attribute value for what ``needs_text`` selects (its text, truncated), off the training thread."""
+def attribute_value(value: Any) -> Any:
+    """One value as an attribute value (None when it cannot be one): a device value once read (a Python
+    scalar), or what ``needs_text`` selects (its text, truncated), off the training thread."""
     return _value(value)
 
 
 def describe_now(value: Any) -> Any:
     """What ``late`` holds, as an attribute value here and now: where nothing reads it later (an injected
     provider's pipeline cannot hold spans for values), as before: a device tensor described, an object's text."""
-    return device_description(value) if is_device_scalar(value) else _value(value)
+    return device_description(value) if is_device_scalar(value) else attribute_value(value)
 
 
 #: Types whose text is known to be cheap and never to block: described where they are logged.

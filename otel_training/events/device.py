@@ -48,7 +48,8 @@ from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
-from otel_training.pipeline.device_steps import RATE_KEYS, between_steps_attributes, device_step_attributes
+from otel_training.pipeline.device_steps import (RATE_KEYS, between_steps_attributes, device_step_attributes,
+                                                 start_time_of)
 
 if TYPE_CHECKING:
     from otel_training.events.runtime import EventsRuntime
@@ -198,7 +199,7 @@ class DeviceTimeline:
                 step.launched = True
                 step.span.set_attribute(sc.STEP_LAUNCHED, True)  # type: ignore[union-attr]
             if end is _UNRECORDED:
-                ended = max(step.host_end_ns, _start_time(step.span))
+                ended = max(step.host_end_ns, start_time_of(step.span))
             else:
                 ended = self.device.completed_ns(end)
                 if ended is None:
@@ -211,10 +212,10 @@ class DeviceTimeline:
 
     def _start(self, step: _Step, begun_ns: int) -> None:
         host = step.host
-        self._end_gap(_start_time(host))  # the next step began: the host is back in a step
+        self._end_gap(start_time_of(host))  # the next step began: the host is back in a step
         # The device cannot start a step before the host launched it, nor before its previous step
         # ended; clamping keeps a calibration error of microseconds from reordering them.
-        begun_ns = max(begun_ns, _start_time(host), self._last_end_ns or 0)
+        begun_ns = max(begun_ns, start_time_of(host), self._last_end_ns or 0)
         idle = (begun_ns - self._last_end_ns) / 1e9 if self._last_end_ns is not None else None
         attributes = device_step_attributes(host.attributes, self.device.label, self.device.name, step.thread_id,
                                             step.epoch, idle, self._last_step)
@@ -226,7 +227,7 @@ class DeviceTimeline:
     def _finish(self, step: _Step, ended_ns: int) -> None:
         span = step.span
         assert span is not None
-        ended_ns = max(ended_ns, _start_time(span))
+        ended_ns = max(ended_ns, start_time_of(span))
         host_attributes = step.host.attributes or {}
         # What the step processed, for the per-second rates of the step time that is now this one.
         span.set_attributes({key: host_attributes[key] for key in RATE_KEYS if key in host_attributes})
@@ -253,7 +254,7 @@ class DeviceTimeline:
             about = pending[0]
             if about.span is not None:
                 return  # a device step is open, and watched itself
-            since = self._last_end_ns or _start_time(about.host)
+            since = self._last_end_ns or start_time_of(about.host)
             step_before = self._last_step
         else:
             about = self._newest
@@ -274,7 +275,7 @@ class DeviceTimeline:
 
     def _end_gap(self, ended_ns: int) -> None:
         if self._gap is not None:
-            self._gap.end(end_time=max(ended_ns, _start_time(self._gap)))
+            self._gap.end(end_time=max(ended_ns, start_time_of(self._gap)))
             self._gap = None
 
     def _step_threshold_s(self) -> float | None:
@@ -315,7 +316,7 @@ class DeviceTimeline:
             step = self._pending.popleft()
             if step.span is not None:
                 step.span.set_status(Status(StatusCode.ERROR, reason))
-                step.span.end(end_time=max(now, _start_time(step.span)))
+                step.span.end(end_time=max(now, start_time_of(step.span)))
         self._end_gap(now)
 
     def _forked(self) -> None:
@@ -323,10 +324,6 @@ class DeviceTimeline:
         self.failed = True
         self._pending.clear()
         self._gap = None
-
-
-def _start_time(span: Any) -> int:
-    return getattr(span, "start_time", None) or 0
 
 
 # -- finding the device ---------------------------------------------------------------

@@ -27,10 +27,11 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained, log_once
-from otel_training.events.attributes import describe_now, text, to_attributes
+from otel_training.events.attributes import text, to_attributes
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_factory import record_error, start_span
 from otel_training.events.values import SPAN as SPAN_VALUES
+from otel_training.events.values import defer_or_describe
 
 if TYPE_CHECKING:
     from otel_training.events.process import Process
@@ -164,11 +165,9 @@ class Duration:
     def _defer(self, late: list[tuple[str, Any]]) -> None:
         """Read ``late``'s device values once computed, for this (begun) span; described where they cannot be."""
         rt, span = self._runtime, self._span
-        values = rt.values if rt is not None else None
         if span is None:
             return
-        described = (values.defer(span, SPAN_VALUES, late) if values is not None
-                     else {key: describe_now(value) for key, value in late})
+        described = defer_or_describe(rt.values if rt is not None else None, span, SPAN_VALUES, late)
         if described:
             span.set_attributes(described)
 

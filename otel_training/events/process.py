@@ -17,9 +17,10 @@ from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
-from otel_training.events.attributes import describe_now, readable, text, to_attributes
+from otel_training.events.attributes import readable, text, to_attributes
 from otel_training.events.duration import Duration
 from otel_training.events.runtime import EventsRuntime, current_recording_span, runtime, runtime_for
+from otel_training.events.values import defer_or_describe
 
 D = TypeVar("D", bound=Duration)
 
@@ -49,10 +50,8 @@ class Process:
         if not late:
             span.add_event(text(event_name), attributes)
             return
-        values = self.events_runtime().values
         timestamp = time.time_ns()
-        described = (values.defer(span, timestamp, late) if values is not None
-                     else {key: describe_now(value) for key, value in late})
+        described = defer_or_describe(self.events_runtime().values, span, timestamp, late)
         attributes.update(described)
         if len(described) < len(late):
             attributes[sc.VALUES_PENDING] = len(late) - len(described)

@@ -131,8 +131,7 @@ class EventsRuntime:
             self.values.settle(timeout_s)
 
     def close(self) -> None:
-        if self.values is not None and self.values.pending:  # the device finishes its queue: a share of the exit
-            self.values.settle(self.telemetry.shutdown_share_s(0.25))
+        self._settle_values(self.telemetry.shutdown_share_s(0.25))  # the device finishes its queue: a share
         for holder in list(self._process_spans.values()):
             holder.end()
 

@@ -37,13 +37,22 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span
 
 from otel_training._contain import log_once
-from otel_training.events.attributes import described as text_value
-from otel_training.events.attributes import device_description, is_device_scalar, scalar_value
+from otel_training.events.attributes import attribute_value, describe_now, device_description, is_device_scalar
 
 #: Target of a value for the span's own attributes (an event's is its timestamp).
 SPAN = -1
 #: Values being read at once, at most; past it a value is described as before (counted, logged once).
 MAX_PENDING = 4096
+
+
+def defer_or_describe(values: PendingValues | None, span: Span, target: int,
+                      late: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``late`` deferred for ``span``'s ``target`` (``PendingValues.defer``), or, where nothing reads them later
+    (``values`` None: an injected provider's runtime), described here and now as before. What comes back goes
+    on the span or the event at once."""
+    if values is None:
+        return {key: describe_now(value) for key, value in late}
+    return values.defer(span, target, late)
 
 
 class ValueReader(Protocol):
@@ -228,7 +237,7 @@ class PendingValues:
                 return
             span_id, target, key, value = job
             try:
-                converted = text_value(value)
+                converted = attribute_value(value)
             except Exception:  # noqa: BLE001 - text() never raises; this is belt and braces
                 converted = None
             try:
@@ -258,7 +267,7 @@ class PendingValues:
 
     def _resolve(self, reader: ValueReader, item: _Item) -> None:
         try:
-            value = scalar_value(reader.read(item.handle)) if item.handle is not None else None
+            value = attribute_value(reader.read(item.handle)) if item.handle is not None else None
         except Exception:  # noqa: BLE001
             value = None
         if value is None:

@@ -78,7 +78,8 @@ def between_steps_attributes(host_attributes: Any, label: str, thread_id: int | 
     return attributes
 
 
-def _start_time(span: Any) -> int:
+def start_time_of(span: Any) -> int:
+    """A span's start time in ns (0 for one without: a non-recording span)."""
     return getattr(span, "start_time", None) or 0
 
 
@@ -120,12 +121,12 @@ class DeviceSteps:
         name = span.name
         if name == sc.SPAN_STEP and self.active:
             if (span.attributes or {}).get(sc.STEP_DEVICE_TIMED) and not self.failed:
-                self._end_gap(_start_time(span))  # the next step began: the host is back in a step
+                self._end_gap(start_time_of(span))  # the next step began: the host is back in a step
                 self._steps[span_id] = self._newest = _Step(span, epoch)
             elif not self.failed:  # the training process stopped timing on the device: what waits never comes
                 self.failed = True
                 self.abandon("the device timeline stopped before this step completed on the device",
-                             _start_time(span))
+                             start_time_of(span))
         elif name == sc.SPAN_TRAIN:
             self._training = True
         elif name in HOST_WORK:
@@ -165,7 +166,7 @@ class DeviceSteps:
             if oldest.span is not None:
                 oldest.span.set_status(Status(StatusCode.ERROR, "this step's device end was not recorded (its "
                                               "record did not fit in the offload ring)"))
-                oldest.span.end(end_time=max(step.begun_ns or ns, _start_time(oldest.span)))
+                oldest.span.end(end_time=max(step.begun_ns or ns, start_time_of(oldest.span)))
         if step.span is None:
             if step.begun_ns is None:
                 step.begun_ns = ns
@@ -179,9 +180,9 @@ class DeviceSteps:
 
     def _start(self, step: _Step) -> None:
         host = step.host
-        self._end_gap(_start_time(host))
+        self._end_gap(start_time_of(host))
         # The device cannot start a step before the host launched it, nor before its previous step ended.
-        begun = max(step.begun_ns or 0, _start_time(host), self._last_end_ns or 0)
+        begun = max(step.begun_ns or 0, start_time_of(host), self._last_end_ns or 0)
         host_attributes = host.attributes or {}
         idle = (begun - self._last_end_ns) / 1e9 if self._last_end_ns is not None else None
         attributes = device_step_attributes(host_attributes, self.label, self.name,
@@ -193,7 +194,7 @@ class DeviceSteps:
     def _finish(self, token: int, step: _Step, ended_ns: int) -> None:
         span = step.span
         assert span is not None
-        ended_ns = max(ended_ns, _start_time(span))
+        ended_ns = max(ended_ns, start_time_of(span))
         host_attributes = step.host.attributes or {}
         span.set_attribute(sc.STEP_LAUNCHED, True)
         span.set_attributes({key: host_attributes[key] for key in RATE_KEYS if key in host_attributes})
@@ -214,7 +215,7 @@ class DeviceSteps:
             if about.span is not None:
                 return  # a device step is open, and watched itself
             # From when the host launched it, too: its begin record may just not have come yet.
-            since = max(self._last_end_ns or 0, _start_time(about.host))
+            since = max(self._last_end_ns or 0, start_time_of(about.host))
             step_before = self._last_step
         else:
             about = self._newest  # type: ignore[assignment]
@@ -236,7 +237,7 @@ class DeviceSteps:
 
     def _end_gap(self, ended_ns: int) -> None:
         if self._gap is not None:
-            self._gap.end(end_time=max(ended_ns, _start_time(self._gap)))
+            self._gap.end(end_time=max(ended_ns, start_time_of(self._gap)))
             self._gap = None
 
     # -- the end -------------------------------------------------------------------------------------------
@@ -254,6 +255,6 @@ class DeviceSteps:
         for step in self._steps.values():
             if step.span is not None and step.span.end_time is None:
                 step.span.set_status(Status(StatusCode.ERROR, reason))
-                step.span.end(end_time=max(now, _start_time(step.span)))
+                step.span.end(end_time=max(now, start_time_of(step.span)))
         self._steps.clear()
         self._end_gap(now)

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.trace import NonRecordingSpan, Tracer, set_span_in_context
 
 from otel_training import semconv as sc
-from otel_training.pipeline.device_steps import HOST_WORK
+from otel_training.pipeline.device_steps import HOST_WORK, start_time_of
 
 
 class HostGaps:
@@ -51,15 +51,15 @@ class HostGaps:
         name = span.name
         if name == sc.SPAN_STEP:
             self._open[span_id] = epoch
-            self._end_gap(_start_time(span))
+            self._end_gap(start_time_of(span))
         elif name == sc.SPAN_TRAIN:
             self._training = True
         elif name == sc.SPAN_DISTRIBUTED_DESTROY:  # the teardown: training is over (a zero-code job has no train span)
             self._training = False
-            self._end_gap(_start_time(span))
+            self._end_gap(start_time_of(span))
         elif name in HOST_WORK:
             self._host_work += 1
-            self._end_gap(_start_time(span))  # known work: not a hang
+            self._end_gap(start_time_of(span))  # known work: not a hang
 
     def host_ended(self, span_id: int, span: SDKSpan, end_ns: int) -> None:
         if span_id in self._open:
@@ -107,9 +107,5 @@ class HostGaps:
 
     def _end_gap(self, ended_ns: int) -> None:
         if self._gap is not None:
-            self._gap.end(end_time=max(ended_ns, _start_time(self._gap)))
+            self._gap.end(end_time=max(ended_ns, start_time_of(self._gap)))
             self._gap = None
-
-
-def _start_time(span: Any) -> int:
-    return getattr(span, "start_time", None) or 0
