@@ -176,3 +176,51 @@ def test_a_long_hang_logs_its_repeats_at_doubling_counts_and_exports_every_one(
     assert len(lines) == 5, lines  # alerts 1, 2, 4, 8 and 16
     assert "alert 16, logged at 1, 2, 4, 8..." in lines[-1]
     assert sum(" recovered after " in record.getMessage() for record in caplog.records) == 1
+
+
+class _WatchdogSlot:
+    """The slot a watchdog already alerted on: ``alerts`` stuck alerts on ``span_id`` (issue 29)."""
+
+    def __init__(self) -> None:
+        self.span_id, self.alerts, self.marked = 0, 0, []
+
+    def begin(self, span, parent_context, start_s, threshold_s) -> None:  # noqa: ANN001
+        pass
+
+    def end(self, span_id: int) -> None:
+        pass
+
+    def alerted(self, span_id: int) -> None:
+        self.marked.append(span_id)
+
+    def watchdog_alerts(self, span_id: int) -> int:
+        return self.alerts if span_id == self.span_id else 0
+
+
+def test_a_span_the_watchdog_alerted_on_while_frozen_is_one_episode_whoever_alerts_next(detector) -> None:
+    """A rank frozen with the GIL held: the watchdog raised 3 alerts; when the process comes back its alerts
+    continue that episode as repeats (no second first alert for the rules to count) and its action still
+    runs once, and the span's end is the one recovery."""
+    slot = _WatchdogSlot()
+    d = detector(threshold_s=1, first_threshold_s=1, slot=slot)
+    acted: list[str] = []
+    d.processor._actions.act = acted.append  # noqa: SLF001 - the action's own tests are elsewhere
+    step = d.tracer.start_span(sc.SPAN_STEP)
+    other = d.tracer.start_span(sc.SPAN_STEP)
+    slot.span_id, slot.alerts = step.get_span_context().span_id, 3
+    d.clock.now += 5  # the process is back, 4 s past the threshold
+    assert d.processor.tick() == 2
+    by_span = {a.attributes[sc.ALERT_SPAN_ID]: a.attributes for a in d.alerts()}
+    frozen = by_span[f"{step.get_span_context().span_id:016x}"]
+    assert frozen[sc.ALERT_COUNT] == 4 and frozen[sc.ALERT_REPEAT] is True
+    fresh = by_span[f"{other.get_span_context().span_id:016x}"]  # not the watchdog's: a first alert
+    assert fresh[sc.ALERT_COUNT] == 1 and sc.ALERT_REPEAT not in fresh
+    assert acted == [sc.SPAN_STEP, sc.SPAN_STEP]
+    assert set(slot.marked) == {step.get_span_context().span_id, other.get_span_context().span_id}
+    step.end()
+    other.end()
+    kinds = [a.attributes[sc.ALERT_KIND] for a in d.alerts()]
+    assert kinds.count(sc.ALERT_KIND_RECOVERED) == 2
+    first = [a for a in d.alerts() if a.attributes[sc.ALERT_KIND] == sc.ALERT_KIND_STUCK
+             and not a.attributes.get(sc.ALERT_REPEAT)]
+    assert len(first) == 1  # the watchdog's own first alert is the frozen span's episode

@@ -112,6 +112,29 @@ def test_a_process_frozen_with_the_gil_held_is_reported_while_frozen(tmp_path: P
     assert process.returncode == 0, err
 
 
+@pytest.mark.realtime
+@pytest.mark.parametrize("offload", [False, True], ids=["in-process", "offload"])
+def test_a_rank_frozen_with_the_gil_held_then_back_is_one_episode_and_one_recovery(tmp_path: Path,
+                                                                                    offload: bool) -> None:
+    """Issue 29: the watchdog speaks while the process is frozen; the process, once back, continues the same
+    episode. The rules count first alerts (no ``training.alert.repeat``) against recoveries, so any second
+    first alert kept the rank's page on after it recovered."""
+    process = start_script(FROZEN.format(offload=offload), tmp_path)
+    span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    on_step = [a["attributes"] for a in alerts(tmp_path / "traces" / "traces-r0.jsonl")
+               if a["attributes"].get(sc.ALERT_SPAN_ID) == span_id]
+    stuck = [a for a in on_step if a[sc.ALERT_KIND] == sc.ALERT_KIND_STUCK]
+    first = [a for a in stuck if not a.get(sc.ALERT_REPEAT)]
+    recovered = [a for a in on_step if a[sc.ALERT_KIND] == sc.ALERT_KIND_RECOVERED]
+    assert len(first) == 1 and len(recovered) == 1, on_step
+    assert all(a[sc.ALERT_COUNT] > 1 for a in stuck if a is not first[0])
+    assert len(stuck) >= 2  # repeated while frozen (6 s on a 0.5 s threshold)
+    if not offload:  # the watchdog spoke first: the detector could not run
+        assert first[0][sc.ALERT_SOURCE] == sc.ALERT_SOURCE_WATCHDOG
+
+
 def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
     process = start_script(KILLED.format(offload=False), tmp_path)
     span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
@@ -215,6 +238,10 @@ def test_slot_round_trip_and_alerted_marker(tmp_path: Path) -> None:
     assert (state.step, state.epoch, state.threshold_ns) == (99, 4, 2_500_000_000)
     writer.alerted(context.span_id)
     assert reader.read().alerted_span_id == context.span_id
+    # The watchdog's own words: how many alerts it raised on which span, for the process to continue.
+    assert writer.watchdog_alerts(context.span_id) == 0
+    reader.reported(context.span_id, 3)
+    assert writer.watchdog_alerts(context.span_id) == 3 and writer.watchdog_alerts(context.span_id + 1) == 0
     writer.end(context.span_id)
     assert not reader.read().open
     writer.close()

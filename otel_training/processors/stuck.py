@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from otel_training import semconv as sc
 from otel_training._stacks import thread_stacks
-from otel_training.processors.stuck_actions import RemoteProcess, StuckActions, guarded, log_internal
+from otel_training.processors.stuck_actions import RemoteProcess, Slot, StuckActions, guarded, log_internal
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
 from otel_training.processors.stuck_rules import (
     DEFAULT_FIRST_FACTOR,
@@ -61,16 +61,6 @@ logger = logging.getLogger("otel_training")
 
 #: The watcher wakes at least this often, however far the next deadline (a wait of 1e9 s overflows).
 _MAX_WAIT_S = 3600.0
-
-
-class Slot(Protocol):
-    """Where the watchdog sidecar reads the open step (``otel_training.watchdog.slot``)."""
-
-    def begin(self, span: Span, parent_context: Context | None, start_s: float, threshold_s: float) -> None: ...
-
-    def end(self, span_id: int) -> None: ...
-
-    def alerted(self, span_id: int) -> None: ...
 
 
 class _Watched:
@@ -331,14 +321,21 @@ class StuckSpanProcessor(SpanProcessor):
     def _stuck(self, entry: _Watched, now: float) -> None:
         if self._open.get(entry.span.context.span_id) is not entry:
             return  # ended while we were scanning
+        first, slot = entry.count == 0, self._slot
+        if slot is not None:
+            # Marked before the count changes: a span ended with a count has its mark, so the watchdog
+            # leaves its recovery to us. A span the watchdog alerted on while we could not run (the GIL
+            # held) is its episode: ours continue it as repeats.
+            span_id = entry.span.context.span_id
+            slot.alerted(span_id)
+            if entry.count == 0:
+                entry.count = slot.watchdog_alerts(span_id)
         entry.count += 1
         escalation = self._escalation_s or entry.threshold.seconds
         entry.deadline = entry.start + entry.threshold.seconds + entry.count * escalation
         if entry.deadline <= now:  # we were late (a frozen process): next repeat from now
             entry.deadline = now + escalation
         elapsed = now - entry.start
-        if self._slot is not None:
-            self._slot.alerted(entry.span.context.span_id)
         remote = self._remote.stacks(entry.thread_id) if self._remote is not None else None
         stacks, source, missing, context = remote if remote is not None else (
             thread_stacks(entry.thread_id) if self._stacks else None, None, None, None)
@@ -350,7 +347,7 @@ class StuckSpanProcessor(SpanProcessor):
                 sc.ALERT_THRESHOLD_S: entry.threshold.seconds, sc.ALERT_COUNT: entry.count,
             })
         self._call_back(event)
-        if entry.count == 1:
+        if first:  # this detector's first alert on the span (the watchdog's, if any, came before)
             self._actions.act(entry.span.name)
 
     def _call_back(self, event: StuckEvent) -> None:

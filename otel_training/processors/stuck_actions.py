@@ -15,6 +15,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Span
+
 from otel_training._contain import log_once
 
 logger = logging.getLogger("otel_training")
@@ -57,6 +60,20 @@ class RemoteProcess(Protocol):
 
     def exit(self, code: int) -> None:
         """Have it end its open spans, flush and exit with ``code`` (never waits)."""
+
+
+class Slot(Protocol):
+    """Where the watchdog sidecar reads the open step (``otel_training.watchdog.slot``)."""
+
+    def begin(self, span: Span, parent_context: Context | None, start_s: float, threshold_s: float) -> None: ...
+
+    def end(self, span_id: int) -> None: ...
+
+    def alerted(self, span_id: int) -> None: ...
+
+    def watchdog_alerts(self, span_id: int) -> int:
+        """Stuck alerts the watchdog already raised on ``span_id`` while this process could not."""
+        ...
 
 
 class StuckActions:

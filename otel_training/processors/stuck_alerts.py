@@ -90,8 +90,6 @@ class AlertSink:
             attributes[sc.ALERT_STACKS_SOURCE] = stacks_source
         if kind == sc.ALERT_KIND_STUCK and self._action != "none":
             attributes[sc.ALERT_ACTION] = self._action
-        if kind == sc.ALERT_KIND_STUCK and count > 1:
-            attributes[sc.ALERT_REPEAT] = True  # one episode, one recovery: rules count first alerts only
         self._export(span, context, attributes)
         self._counter.add(1, {sc.ALERT_KIND: kind, sc.ALERT_SPAN_NAME: span.name})
         level = logging.WARNING if kind == sc.ALERT_KIND_STUCK else logging.INFO
@@ -139,6 +137,8 @@ def alert_attributes(kind: str, source: str, count: int, span_name: str | None =
         attributes[sc.ALERT_THRESHOLD_S] = threshold_s
     if threshold_source is not None:
         attributes[sc.ALERT_THRESHOLD_SOURCE] = threshold_source
+    if kind == sc.ALERT_KIND_STUCK and count > 1:
+        attributes[sc.ALERT_REPEAT] = True  # one episode, one recovery: rules count first alerts only
     return attributes
 
 

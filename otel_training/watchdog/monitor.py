@@ -8,7 +8,9 @@ settings:
 
 * ``stuck`` when a watched span is open past its threshold plus a grace period
   and the in-process detector has not alerted on it (so the process is frozen),
-  repeated every escalation interval, and ``recovered`` if the span ends;
+  repeated every escalation interval, and ``recovered`` if the span ends. A
+  process that comes back continues the episode (its detector's alerts are
+  repeats, counted on from the watchdog's) and raises its one recovery;
 * ``died`` when the training process exits without a clean shutdown, with the
   span that was open, if any.
 
@@ -122,6 +124,10 @@ class Watchdog:
 
     def _check(self, state: SlotState) -> None:
         now = time.monotonic_ns()
+        if self._reported_span and state.alerted_span_id == self._reported_span:
+            # The process came back and its detector took the episode over: it repeats the alert and
+            # says when the span recovers; one episode, one recovery, whoever spoke first.
+            self._reported_span = 0
         if self._reported_span and (state.span_id != self._reported_span or not state.open):
             # The span we reported ended (or another began): the process came back.
             ended = state.end_ns if state.span_id == self._reported_span else now
@@ -139,6 +145,7 @@ class Watchdog:
         self._count += 1
         stacks, error = py_spy_stacks(self.pid)
         self._alert(sc.ALERT_KIND_STUCK, state, now, stacks, error)
+        self.slot.reported(state.span_id, self._count)
         escalation_ns = int((self.escalation_s or state.threshold_ns / 1e9) * 1e9)
         self._next_ns = now + max(escalation_ns, int(self.poll_s * 1e9))
 

@@ -9,7 +9,11 @@ while a write is in progress, a seqlock) lets the reader discard torn reads.
 Two fields live outside the seqlock because another thread writes them, each
 with one aligned 8-byte store: the span id the in-process detector has alerted
 on (so the watchdog speaks only when the process could not), and the state
-(running, or closed cleanly at shutdown).
+(running, or closed cleanly at shutdown). Two more are the watchdog's, written
+by it: the span it alerted on and how many alerts it raised, so that a process
+that comes back (a GIL released after a long C call) continues the watchdog's
+episode as repeats and ends it with the one recovery, instead of opening a
+second episode that no recovery would close (issue 29).
 """
 
 from __future__ import annotations
@@ -30,16 +34,18 @@ from opentelemetry.sdk.trace import Span
 from otel_training import semconv as sc
 
 MAGIC = b"OTTWDG01"
-HEADER = struct.Struct("<8sIIqQQ")  # magic, version, reserved, pid, state, alerted span id
+HEADER = struct.Struct("<8sIIqQQQQ")  # magic, version, reserved, pid, state, alerted span id, watchdog's span, count
 SLOT = struct.Struct("<QqqqqqQQQBB2x4x64s")  # seq, begin, end, threshold, step, epoch, trace hi/lo, span, has_*, name
 SEQ = struct.Struct("<Q")
 END = struct.Struct("<q")
 WORD = struct.Struct("<Q")
-VERSION = 1
+VERSION = 2
 STATE_RUNNING = 0
 STATE_CLOSED = 1
 _STATE_OFFSET = 24
 _ALERTED_OFFSET = 32
+_WATCHDOG_SPAN_OFFSET = 40
+_WATCHDOG_COUNT_OFFSET = 48
 _SLOT_OFFSET = HEADER.size
 _END_OFFSET = _SLOT_OFFSET + 16
 SIZE = HEADER.size + SLOT.size
@@ -84,7 +90,7 @@ class SlotWriter:
             self._map = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)
-        HEADER.pack_into(self._map, 0, MAGIC, VERSION, 0, os.getpid(), STATE_RUNNING, 0)
+        HEADER.pack_into(self._map, 0, MAGIC, VERSION, 0, os.getpid(), STATE_RUNNING, 0, 0, 0)
         self._seq = 0
         self._span_id = 0
         #: The watchdog process reading this slot, when ``watchdog.start`` made it.
@@ -127,6 +133,12 @@ class SlotWriter:
     def alerted(self, span_id: int) -> None:
         WORD.pack_into(self._map, _ALERTED_OFFSET, span_id)
 
+    def watchdog_alerts(self, span_id: int) -> int:
+        """Stuck alerts the watchdog raised on ``span_id`` while this process could not (0: none)."""
+        if WORD.unpack_from(self._map, _WATCHDOG_SPAN_OFFSET)[0] != span_id:
+            return 0
+        return int(WORD.unpack_from(self._map, _WATCHDOG_COUNT_OFFSET)[0])
+
     def close(self) -> None:
         """Clean shutdown: the watchdog exits without reporting a death."""
         try:
@@ -151,17 +163,19 @@ class SlotReader:
     """The watchdog's side."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "rb") as file:
-            self._map = mmap.mmap(file.fileno(), SIZE, access=mmap.ACCESS_READ)
-        magic, version, _, _, _, _ = HEADER.unpack_from(self._map, 0)
+        with open(path, "r+b") as file:  # read, and the two words of its own (``reported``)
+            self._map = mmap.mmap(file.fileno(), SIZE, access=mmap.ACCESS_WRITE)
+        magic, version = HEADER.unpack_from(self._map, 0)[:2]
         if magic != MAGIC or version != VERSION:
             raise ValueError(f"{path}: not an otel-training watchdog slot (version {VERSION})")
 
     def read(self) -> SlotState:
         for _ in range(1000):
             before = SEQ.unpack_from(self._map, _SLOT_OFFSET)[0]
-            _, _, pid, state, alerted = HEADER.unpack_from(self._map, 0)[1:]
             fields = SLOT.unpack_from(self._map, _SLOT_OFFSET)
+            # Read after the span's fields: the detector marks a span alerted before it can end it, so a
+            # read that sees the end sees the mark too (the watchdog then leaves the recovery to it).
+            _, _, pid, state, alerted = HEADER.unpack_from(self._map, 0)[1:6]
             if before % 2 == 0 and SEQ.unpack_from(self._map, _SLOT_OFFSET)[0] == before:
                 break
             time.sleep(0.0001)
@@ -169,3 +183,9 @@ class SlotReader:
         return SlotState(pid, state, alerted, begin, end, threshold, step if has_step else None,
                          epoch if has_epoch else None, (trace_hi << 64) | trace_lo, span_id,
                          name.rstrip(b"\0").decode("utf-8", "replace"))
+
+    def reported(self, span_id: int, count: int) -> None:
+        """The watchdog raised ``count`` stuck alerts on ``span_id`` (the count first: a reader that sees the
+        span sees a count of it)."""
+        WORD.pack_into(self._map, _WATCHDOG_COUNT_OFFSET, count)
+        WORD.pack_into(self._map, _WATCHDOG_SPAN_OFFSET, span_id)

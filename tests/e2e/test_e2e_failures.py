@@ -9,6 +9,8 @@ own (its collector gets killed, and its no-progress rule has short windows):
   spans after the recovery arrive in Jaeger, and the spans lost meanwhile are
   counted the same by the final ``FlushResult``, the shutdown log line and the
   ``training.telemetry.spans.dropped`` metric (which fires its rule);
+* a rank frozen with the GIL held (the watchdog speaks for it), then back: one
+  episode and one recovery, so ``TrainingStepStuck`` fires and resolves;
 * the collector self-telemetry rules match the counter names of the
   collector release we run.
 """
@@ -145,6 +147,44 @@ def test_rank_killed_with_sigkill_mid_step_is_reported(failure_stack, alert_webh
                timeout=DEADLINE, what="TrainingNoProgress firing in Prometheus")
     _, stalled = alert_webhook.wait_for_alert(_webhook_alert("TrainingNoProgress", job_id), timeout=DEADLINE)
     assert stalled["annotations"]["summary"] == f"No training progress: job {job_id}"
+
+
+FREEZE_S, FREEZE_THRESHOLD_S = 12, 2.0
+
+
+def test_rank_frozen_with_the_gil_held_then_back_pages_once_and_resolves(failure_stack, alert_webhook, tmp_path):
+    """Issue 29: the watchdog alerts while the process cannot (GIL held in a C call), the process's own
+    detector continues that episode once back, and the span's end is its one recovery: the page resolves."""
+    stack = failure_stack
+    job_id = new_job_id("e2e-gil")
+    env = training_env(stack, service=f"{job_id}-svc", job_id=job_id, OTEL_TRAINING_WATCHDOG="true",
+                       OTEL_TRAINING_STUCK_THRESHOLD_S=str(FREEZE_THRESHOLD_S))
+    argv = worker_argv("--steps", "6", "--hang-rank", "0", "--hang-step", "3", "--freeze-gil", str(FREEZE_S))
+    with Training(argv, env=env, log=tmp_path / "worker.log") as job:
+        assert job.wait(timeout=DEADLINE + FREEZE_S) == 0, job.output()[-4000:]
+        job.wait_all_exited(timeout=30)
+    assert "FREEZE rank=0 step=3" in job.output()
+
+    def episode() -> list | None:
+        found = [s["attributes"] for s in read_alert_sink(stack.alerts_file)
+                 if s["resource"].get("training.job.id") == job_id]
+        return found if any(a["training.alert.kind"] == "recovered" for a in found) else None
+
+    alerts = wait_until(episode, timeout=DEADLINE, what=f"the frozen rank's recovery in {stack.alerts_file}")
+    stuck = [a for a in alerts if a["training.alert.kind"] == "stuck"]
+    first = [a for a in stuck if not a.get("training.alert.repeat")]
+    assert len(first) == 1 and first[0]["training.alert.source"] == "watchdog", alerts
+    assert [a["training.alert.kind"] for a in alerts].count("recovered") == 1, alerts
+    assert {a["training.alert.span.id"] for a in alerts} == {first[0]["training.alert.span.id"]}
+    # Back, the process either alerted first (it took the episode over: its alerts are repeats and the recovery
+    # is its) or its step ended before it could (the watchdog's recovery): either way, one of each.
+
+    def stuck_alert(status):
+        return lambda p, a: (a["labels"].get("alertname") == "TrainingStepStuck"
+                             and a["labels"].get("training_job_id") == job_id and a["status"] == status)
+
+    alert_webhook.wait_for_alert(stuck_alert("firing"), timeout=DEADLINE)
+    alert_webhook.wait_for_alert(stuck_alert("resolved"), timeout=DEADLINE)
 
 
 STEP_TIME_S = 0.02

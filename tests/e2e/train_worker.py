@@ -17,6 +17,10 @@ Hooks for the failure tests:
 * ``--hang-rank R --hang-step N``: rank R prints ``HANG rank=R step=N pid=P``
   and blocks inside step N until it is killed (the other ranks block in the
   next all-reduce);
+* ``--freeze-gil S`` (with ``--hang-rank``/``--hang-step``): instead, rank R
+  prints ``FREEZE rank=R step=N pid=P``, holds the GIL in one C call for S
+  seconds (libc's ``sleep`` through ``ctypes.PyDLL``: no thread of the process
+  runs Python meanwhile) and then trains on;
 * ``--result FILE``: the ``FlushResult`` of the final bounded shutdown, and the
   number of spans the process ended, as JSON.
 """
@@ -24,6 +28,7 @@ Hooks for the failure tests:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import os
@@ -60,6 +65,7 @@ def main() -> int:
     parser.add_argument("--stop-file", type=Path)
     parser.add_argument("--hang-rank", type=int)
     parser.add_argument("--hang-step", type=int)
+    parser.add_argument("--freeze-gil", type=int, help="seconds rank --hang-rank holds the GIL in step --hang-step")
     parser.add_argument("--result", type=Path)
     parser.add_argument("--shutdown-timeout", type=float, default=10.0)
     args = parser.parse_args()
@@ -95,7 +101,10 @@ def main() -> int:
                                 _busy(args.step_time / args.substeps)
                                 if distributed:
                                     dist.all_reduce(tensor)
-                        if rank == args.hang_rank and global_step == args.hang_step:
+                        if rank == args.hang_rank and global_step == args.hang_step and args.freeze_gil:
+                            print(f"FREEZE rank={rank} step={global_step} pid={os.getpid()}", flush=True)
+                            ctypes.PyDLL(None).sleep(args.freeze_gil)
+                        elif rank == args.hang_rank and global_step == args.hang_step:
                             print(f"HANG rank={rank} step={global_step} pid={os.getpid()}", flush=True)
                             while True:
                                 time.sleep(1)
