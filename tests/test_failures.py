@@ -310,6 +310,30 @@ def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -
 
 
 @pytest.mark.realtime
+def test_the_wait_for_a_rank_holding_the_gil_buys_its_queued_spans_and_its_signalled_step(tmp_path: Path) -> None:
+    """Real time (issue 29, the choice in docs/configuration.md): in-process, 1 000 ended steps still in the
+    batch processor's queue (its 5 s delay) and the GIL held ~1.5 s after SIGTERM. Waiting ``exit_timeout_s``
+    for Python, not delivering the default action at once, delivers every one of them and ends the signalled
+    step with its signal; the process still dies of SIGTERM within the budget."""
+    process = _start_in_own_group("step_then.py", "hold-gil-then-sleep", "--exit-timeout", "4", "--in-process",
+                                  "--steps-before", "1000", "--step", "1000", "--output-dir", str(tmp_path))
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        _wait_busy(process, 0.2)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == -signal.SIGTERM
+        elapsed = time.monotonic() - started
+    finally:
+        _stop_group(process)
+    assert elapsed < 4 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=4)"
+    steps = {span["attributes"][sc.STEP]: span for span in read_spans(tmp_path / "traces-r0.jsonl")
+             if span["name"] == sc.SPAN_STEP}
+    assert sorted(steps) == list(range(1001))
+    assert steps[1000]["events"][0]["attributes"][sc.SIGNAL_NAME] == "SIGTERM"
+
+
+@pytest.mark.realtime
 def test_signals_during_the_exit_flush_of_a_rank_blocked_in_c_do_not_cut_it_short() -> None:
     """Real time: three SIGTERMs while the main thread waits in C with the GIL released: the watcher
     flushes, and the process dies when that flush runs out, not at a later signal.

@@ -1,6 +1,7 @@
 """A training process that opens a step, says it is ready, then does what a signal or exit test needs.
 
     python step_then.py ACTION [--ready TEXT] [--step N] [--exit-timeout S] [--output-dir DIR] [--open-files N]
+                               [--steps-before N] [--in-process]
 
 ACTION:
   raise                a RuntimeError out of the step (an uncaught exception)
@@ -11,7 +12,8 @@ ACTION:
 
 With ``--output-dir`` the spans go to a file there; otherwise the exporter comes from the environment
 (OTLP to ``OTEL_EXPORTER_OTLP_ENDPOINT``). ``--open-files`` dups stdin that often first, so the
-library's own descriptors land past 1024 (out of ``select()``'s reach).
+library's own descriptors land past 1024 (out of ``select()``'s reach). ``--steps-before``: that many
+steps (``training.step`` 0, 1, ...) end first; ``--in-process``: ``offload=False``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main() -> None:
     parser.add_argument("--exit-timeout", type=float)
     parser.add_argument("--output-dir")
     parser.add_argument("--open-files", type=int, default=0)
+    parser.add_argument("--steps-before", type=int, default=0)
+    parser.add_argument("--in-process", action="store_true")
     args = parser.parse_args()
 
     if args.open_files:
@@ -45,6 +49,8 @@ def main() -> None:
         options.update(exporter="file", output_dir=args.output_dir)
     if args.exit_timeout is not None:
         options["exit_timeout_s"] = args.exit_timeout
+    if args.in_process:
+        options["offload"] = False
     otel_training.configure(**options)
     gil_loop = 0
     if args.action == "hold-gil-then-sleep":
@@ -52,7 +58,11 @@ def main() -> None:
         sum(range(10**7))
         gil_loop = int(10**7 * 1.5 / (time.process_time() - started))  # ~1.5 s holding the GIL
 
-    with otel_training.TrainerProcess().step(global_step=args.step):
+    trainer = otel_training.TrainerProcess()
+    for index in range(args.steps_before):
+        with trainer.step(global_step=index):
+            pass
+    with trainer.step(global_step=args.step):
         print(args.ready, flush=True)
         if args.action == "raise":
             raise RuntimeError("loss is NaN")
