@@ -450,7 +450,7 @@ def test_unconfigured_or_disabled_dlrover_writes_nothing_and_raises_nothing(
     assert not (tmp_path / "events").exists()
     monkeypatch.setenv("DLROVER_EVENT_ENABLE", "true")
     monkeypatch.setenv("DLROVER_EVENT_TEXT_FORMATTER", "YAML")  # DLRover raises at import; we use LOG
-    monkeypatch.setenv("DLROVER_EVENT_EXPORTER", "KAFKA")
+    monkeypatch.setenv("DLROVER_EVENT_EVENT_EXPORTER", "KAFKA")  # DLRover raises too; we write the file
     dlrover._reset()
     dlrover.TrainerProcess("AtorchTrainerV2").finish()
     assert parse(log.lines()[0])["name"] == "#finish"

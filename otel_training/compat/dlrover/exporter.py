@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from otel_training._contain import log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
-from otel_training.compat.dlrover.config import Config, _rank
+from otel_training.compat.dlrover.config import DEFAULT_QUEUE_SIZE, Config, get_rank
 from otel_training.compat.dlrover.event import Event, JsonFormatter, LogFormatter
 
 
@@ -85,7 +85,7 @@ class TextFileExporter(_LineExporter):
     def __init__(self, file_dir: str | os.PathLike[str], formatter: LogFormatter | JsonFormatter | None = None, *,
                  file_mode: int = FILE_MODE, dir_mode: int = DIR_MODE) -> None:
         super().__init__(formatter)
-        self.path = os.path.join(os.fspath(file_dir), f"events_{_rank()}.log")
+        self.path = os.path.join(os.fspath(file_dir), f"events_{get_rank()}.log")
         self.file_mode = file_mode
         self.dir_mode = dir_mode
 
@@ -102,7 +102,7 @@ class TextFileExporter(_LineExporter):
 
 
 class ConsoleExporter(_LineExporter):
-    """The lines on standard output (``DLROVER_EVENT_EXPORTER=CONSOLE``)."""
+    """The lines on standard output (``DLROVER_EVENT_EVENT_EXPORTER=CONSOLE``)."""
 
     def write(self, line: str, flush: bool = True) -> None:
         sys.stdout.write(line + "\n")
@@ -298,14 +298,17 @@ def init_default_exporter() -> None:
     with _default_lock:
         if _default_exporter is not None:
             return
-        formatter = JsonFormatter() if config.text_formatter == "JSON" else LogFormatter()
+        # DLRover raises at import for an unknown name; here it is logged, naming the variable, and the default used.
+        text = config.one_of("text_formatter", ("LOG", "JSON"))
+        formatter = JsonFormatter() if text == "JSON" else LogFormatter()
         lines: EventExporter
-        if config.event_exporter == "CONSOLE":
+        if config.one_of("event_exporter", ("TEXT_FILE", "CONSOLE")) == "CONSOLE":
             lines = ConsoleExporter(formatter)
         else:
             lines = TextFileExporter(config.file_dir, formatter)
-        # Always asynchronous (DLRover's default is not): the training thread never waits for the disk.
-        _default_exporter = AsyncExporter(lines, config.queue_size)
+        # Always asynchronous, whatever async_exporter says (DLRover's default is not): the training thread never
+        # waits for the disk. So the queue is always bounded: DLRover's "0 or below: unbounded" becomes the default.
+        _default_exporter = AsyncExporter(lines, config.positive("queue_size", DEFAULT_QUEUE_SIZE))
         _default_exporter.start()
         if not _atexit_registered:
             atexit.register(close_default_exporter)
