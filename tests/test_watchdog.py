@@ -49,6 +49,25 @@ KILLED = """
     """
 
 
+#: 1.5 s of start-up before ``configure()`` (imports, data, NCCL), three 50 ms steps, then the fourth never ends.
+KILLED_AFTER_STARTUP = """
+    import time
+    time.sleep(1.5)
+    import otel_training
+    telemetry = otel_training.configure(exporter="file", output_dir="traces", watchdog={watchdog},
+                                        offload={offload}, signal_hooks=False)
+    trainer = otel_training.TrainerProcess()
+    with trainer.epoch(epoch=0):
+        for index in range(3):
+            with trainer.step(global_step=index):
+                time.sleep(0.05)
+        telemetry.force_flush(10)  # what a periodic export had sent by then
+        with trainer.step(global_step=3) as step:
+            print(f"{{step.span.get_span_context().span_id:016x}}", flush=True)
+            time.sleep(60)
+    """
+
+
 def start_script(script: str, tmp_path: Path) -> subprocess.Popen[str]:
     env = child_environ()
     env["PYTHONPATH"] = str(REPO)
@@ -151,6 +170,37 @@ def test_a_process_killed_mid_step_is_reported_as_died(tmp_path: Path) -> None:
     assert dead_step["name"] == sc.SPAN_STEP and dead_step["attributes"][sc.STEP] == 7
     assert dead_step["status"]["code"] == 2 and dead_step["trace_id"] == alert["trace_id"]
     assert dead_step["end"] - dead_step["start"] > 0
+
+
+@pytest.mark.parametrize(("offload", "watchdog"), [(True, False), (True, True), (False, True)],
+                         ids=["offload", "offload+watchdog", "in-process+watchdog"])
+def test_a_life_killed_by_sigkill_keeps_its_start_up_its_last_step_and_its_failure(
+        tmp_path: Path, offload: bool, watchdog: bool) -> None:
+    """Issue 29: a life killed without a catchable signal never ends its own spans. What survives is used:
+    the resource's ``process.creation.time`` (its start-up, before ``configure()`` too), and the spans it
+    could not end, exported ended ERROR by the drain (offloaded, with or without the watchdog: they were
+    counted lost before) or the sidecar. The report then has the start-up, the life's end at its death and
+    its failure."""
+    from otel_training.report import build_report, read_paths
+
+    process = start_script(KILLED_AFTER_STARTUP.format(offload=offload, watchdog=watchdog), tmp_path)
+    span_id = process.stdout.readline().strip()  # type: ignore[union-attr]
+    killed_ns = time.time_ns()
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=10)
+    trace = tmp_path / "traces" / "traces-r0.jsonl"
+    assert wait_until(lambda: any(span["span_id"] == span_id for span in read_spans(trace)), timeout_s=15), \
+        "the step the process died in never reached the file"
+    spans = read_spans(trace)
+    (dead_step,) = [span for span in spans if span["span_id"] == span_id]
+    assert dead_step["status"]["code"] == 2 and sc.ALERT_KIND_DIED in [e["name"] for e in dead_step["events"]]
+    assert bool([span for span in spans if span["name"] == sc.SPAN_ALERT]) == watchdog  # the alert is opt-in
+    result = read_paths([tmp_path / "traces"])
+    report = build_report(result.records, result.problems)
+    seconds = report.goodput.seconds
+    assert seconds[sc.BADPUT_PROGRAM_STARTUP] >= 1.5  # from the process's creation, not from its first span
+    assert report.end_ns >= killed_ns - 50_000_000  # the life lasted until it was killed
+    assert seconds.get(sc.BADPUT_WASTED_PROGRESS, 0) > 0  # it failed: nothing checkpointed survives it
 
 
 @pytest.mark.realtime

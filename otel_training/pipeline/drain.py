@@ -324,8 +324,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     replayer.host_gaps.abandon(time.time_ns())
     replayer.device_steps.abandon("the device work of this step had not completed when the training process "
                                   "closed its pipeline" if replayer.closed else "the training process ended")
-    if watchdog and replayer.open and not replayer.closed:
-        report_death(telemetry, replayer.open, parent)
+    if replayer.open and not replayer.closed:  # killed (SIGKILL, the OOM killer): what it began survives here
+        report_death(telemetry, replayer.open, parent, alert=watchdog)
     lost = len(replayer.open)
     if lost and not replayer.closed:
         logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
@@ -338,10 +338,13 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     return 0
 
 
-def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int) -> None:
-    """``watchdog=True``: the training process died without closing its pipeline (SIGKILL, the OOM killer).
-    As the sidecar would: a ``died`` alert on each watched span it was in, and every span it could not end
-    ended ERROR and exported, so the alert's parent and the rank's last step reach the backend."""
+def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int, *, alert: bool) -> None:
+    """The training process died without closing its pipeline (SIGKILL, the OOM killer, ``os._exit``).
+
+    Every span it could not end is ended ERROR, with a ``died`` event, and exported: its life's last step, its
+    epoch and training loop reach the backend, and the report sees where and when the life ended and that it
+    failed, instead of spans counted lost (issue 29). ``alert`` (``watchdog=True``), as the sidecar would: a
+    ``died`` alert on each watched span it was in as well (``TrainingRankDied``)."""
     now = time.time_ns()
     watched = parse_span_names(telemetry.options["stuck_span_names"])  # name or pattern -> threshold
     tracer = telemetry.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
@@ -349,7 +352,7 @@ def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int)
                   if span.attributes and sc.EPOCH in span.attributes), None)
     for span in list(open_spans.values()):
         context = span.get_span_context()
-        if any(fnmatch.fnmatchcase(span.name, pattern) for pattern in watched):
+        if alert and any(fnmatch.fnmatchcase(span.name, pattern) for pattern in watched):
             attributes = alert_attributes(sc.ALERT_KIND_DIED, sc.ALERT_SOURCE_WATCHDOG, 1, span.name,
                                           context.span_id, (now - (span.start_time or now)) / 1e9)
             if span.attributes and sc.STEP in span.attributes:
