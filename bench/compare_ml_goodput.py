@@ -162,6 +162,20 @@ def crash_and_restart() -> list:
     return job.compare("crash and restart (resume from step 9)")
 
 
+def killed_before_its_first_span() -> list:
+    """Issue 29's finding: a life SIGKILLed never ends a span of its own start-up; what it had before its first
+    step counts from its process's creation (``process.creation.time``), and its restart likewise."""
+    job = Timeline("killed-life-start-up")
+    job.start_life(0)  # created at 0; imports, data and NCCL until 6 s, no span of them survives
+    job.steps(0, [6.0 + 2.0 * index for index in range(12)], 30.0)  # steps 0-11, SIGKILL at 30
+    job.end_life(30.0, finished=False)
+    job.start_life(36.0)  # restarted 6 s later; its own start-up until 40, resumes from step 5's checkpoint
+    job.restore(40, 41, 5)
+    job.steps(6, [41.0 + 2.0 * index for index in range(19)], 80.0)
+    job.end_life(80.0, finished=True)
+    return job.compare("a life killed with no span of its start-up, then restarted")
+
+
 def sub_second_steps() -> list:
     job = Timeline("sub-second-steps")
     job.start_life(0)
@@ -178,7 +192,7 @@ def main() -> int:
         print("needs ml-goodput-measurement: see this script's docstring", file=sys.stderr)
         return 2
     goodput_worst = bucket_worst = 0.0
-    for scenario in (clean_run, crash_and_restart, sub_second_steps):
+    for scenario in (clean_run, crash_and_restart, killed_before_its_first_span, sub_second_steps):
         for label, ours, theirs in scenario():
             if label.startswith(("goodput", "job time")):
                 goodput_worst = max(goodput_worst, abs(ours - theirs))
