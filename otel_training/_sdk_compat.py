@@ -9,6 +9,8 @@ counted as dropped, a span exported through the slow path).
 
 from __future__ import annotations
 
+import contextvars
+
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,7 +63,17 @@ def instrumentation_check() -> Callable[[], bool]:
     plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
     if key is None or plain is None or getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY", key) is not key:
         return utils.is_instrumentation_enabled  # type: ignore[no-any-return]
-    get_current = context_api.get_current
+    # The SDK's default runtime context keeps the current context in one ContextVar: read it directly (one C
+    # call instead of two Python frames; a cold frame costs about a microsecond in a training loop). Any
+    # other runtime context (OTEL_PYTHON_CONTEXT) goes through the public call.
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, contextvars.ContextVar):
+        get_current = variable.get
+    else:
+        get_current = context_api.get_current
 
     def enabled() -> bool:
         current = get_current()

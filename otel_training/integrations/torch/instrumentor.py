@@ -66,8 +66,11 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if generation == getattr(self, "_generation", None) and self.is_instrumented_by_opentelemetry:
             call_contained(patch)
 
-    def _wrap(self, module: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    def _wrap(self, module: Any, name: str, wrapper: Callable[..., Any], gated: bool = False) -> None:
         """``wrapt``-wrap ``module.name`` (a dotted name for a method) and remember how to undo it.
+
+        ``gated``: the wrapper checks ``suppress_instrumentation()`` itself (the per-step ones, which save a
+        frame that way); the others are gated here.
 
         A torch without that function (an older or newer one) loses that span only: said once in the log,
         never raised into the script (the rest of the instrumentation still goes on)."""
@@ -76,7 +79,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         try:
             for part in owner_path.split(".") if owner_path else ():
                 owner = getattr(owner, part)
-            wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
+            wrapt.wrap_function_wrapper(module, name, wrapper if gated else _unless_suppressed(wrapper))
         except Exception:  # noqa: BLE001 - API drift across torch versions
             log_once(f"torch-wrap:{getattr(module, '__name__', module)}.{name}",
                      "otel_training: this torch has no %s.%s to instrument; its spans are left out",
@@ -100,8 +103,8 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             (optimizer_module.register_optimizer_step_post_hook, tracker.optimizer_post),
         ):
             self._undo.append(register(hook).remove)
-        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker))
-        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker))
+        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker), gated=True)
+        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker), gated=True)
         self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
         self._wrap(torch, "load", checkpoint.load_wrapper(tracker))
@@ -182,7 +185,10 @@ def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
+    """Gated itself: each fetch of a training loop passes here."""
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not _instrumentation_enabled():
+            return wrapped(*args, **kwargs)
         started = tracker.fetch_begin(instance)
         try:
             batch = wrapped(*args, **kwargs)
@@ -196,7 +202,10 @@ def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
 
 
 def _backward_wrapper(tracker: Any) -> Callable[..., Any]:
+    """Gated itself: each backward pass passes here."""
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not _instrumentation_enabled():
+            return wrapped(*args, **kwargs)
         tracker.backward_begin()
         result = wrapped(*args, **kwargs)
         tracker.backward_end()

@@ -7,19 +7,11 @@ in training mode, or backward pass after the previous step ended) and closes
 at the iteration's last optimizer step, seen through torch's global optimizer
 hooks, which every optimizer subclass calls.
 
-What makes this harder than a pre/post pair:
-
-- gradient accumulation: several fetch/forward/backward rounds per optimizer
-  step. Backward passes are counted (``training.step.substeps``) and, when
-  there are two or more, emitted as ``training.substep`` children;
-- several optimizers stepping in one iteration (GANs, sparse + dense): the step
-  stays open after an optimizer step until the iteration's next boundary (the
-  next fetch, or forward/backward when no DataLoader drives the loop). The set
-  of optimizers seen in a complete iteration is remembered, so later steps
-  close at the last one's post-hook;
-- AMP's ``GradScaler`` skipping ``optimizer.step()`` on inf/NaN gradients: no
-  optimizer hook fires, so the scaler's ``step`` is watched too and a skipped
-  step closes with ``training.step.skipped``.
+Gradient accumulation (backward passes counted, ``training.substep`` children
+from two on), several optimizers stepping in one iteration (the step closes at
+the last one seen in a complete iteration) and AMP's ``GradScaler`` skipping
+``optimizer.step()`` (``training.step.skipped``) are handled as
+docs/auto-instrumentation.md describes.
 
 The step span is begun detached: it nests under the user's current span (epoch,
 train) and the data-wait spans nest under it, but it never becomes the current
@@ -32,13 +24,7 @@ Only one thread drives steps: the first thread that begins one. Every entry
 point here is contained: an internal error is logged once, never raised into
 the training loop.
 
-A tracker given a ``claim`` callable starts *dormant* (auto-instrumentation of
-a process started by an instrumented one: a rank started with
-``torch.multiprocessing.spawn``, or a DataLoader worker): it records nothing
-and configures nothing until the process trains (``init_process_group``, a
-backward pass, an optimizer step), then calls ``claim(rank, world_size)`` once,
-which configures the pipeline with the process's rank. A process configured
-meanwhile by its own code wakes the tracker without a claim.
+A tracker given a ``claim`` callable starts *dormant* (``dormancy.py``).
 """
 
 from __future__ import annotations
@@ -55,10 +41,10 @@ from opentelemetry.trace import TracerProvider
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training._sdk_compat import instrumentation_check
-from otel_training.pipeline.configure import get_telemetry
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.integrations.spans import record_span
+from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
 
 SOURCE = "torch"
@@ -69,23 +55,18 @@ DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
 #: A begun span and the step context it was begun in (None: the caller's context).
 Token = tuple[Duration, "contextvars.Context | None"]
-#: ``claim(rank, world_size) -> bool``: configure a dormant process that began training.
-Claim = Callable[[Any, Any], bool]
 #: Whether the current context allows recording (not inside ``suppress_instrumentation()``).
 instrumentation_enabled = instrumentation_check()
 
 
-class StepTracker:
+class StepTracker(Dormancy):
     """The step state machine; the instrumentor feeds it hook calls."""
 
     def __init__(self, claim: Claim | None = None, tracer_provider: TracerProvider | None = None) -> None:
+        super().__init__(claim)
         self.trainer = TrainerProcess(tracer_provider=tracer_provider)
         #: Set by framework callbacks that emit their own step spans.
         self.suspended = False
-        #: Records nothing: dormant until the process trains (``claim`` pending), or the claim was refused.
-        self.dormant = claim is not None
-        self._claim = claim
-        self._claim_lock = threading.Lock()
         #: ``optimizer.step()`` calls in any thread (tells a GradScaler skip apart).
         self.optimizer_calls = 0
         self._owner: int | None = None
@@ -115,43 +96,26 @@ class StepTracker:
         self._complete = False
         self._wait_ns = 0
 
-    # -- dormancy -------------------------------------------------------------
-    def _still_dormant(self) -> bool:
-        """True while dormant; a dormant tracker claims the process once it got configured by other means."""
-        if self._claim is not None and get_telemetry() is not None:
-            self.claim_if_dormant()
-        return self.dormant
-
-    @contained(default=None)
-    def claim_if_dormant(self, rank: int | None = None, world_size: int | None = None) -> None:
-        """The process does training work: claim it (once) if dormant, and start recording if it is ours."""
-        if self._claim is None:
-            return
-        with self._claim_lock:
-            claim, self._claim = self._claim, None
-            if claim is None:
-                return
-            claimed = False
-            if get_telemetry() is not None:
-                claimed = True
-            else:
-                try:
-                    claimed = bool(claim(rank, world_size))
-                except Exception:  # noqa: BLE001 - stay dormant, never break training
-                    log_once("torch-claim", "otel_training: could not configure this training process; "
-                             "it runs uninstrumented")
-            self.dormant = not claimed
-        if claimed:
-            self._arm_forward()
-
     # -- ownership ----------------------------------------------------------
     def _records_here(self) -> bool:
-        if self.suspended or (self.dormant and self._still_dormant()) or not instrumentation_enabled():
+        return instrumentation_enabled() and self._here()
+
+    def _here(self) -> bool:
+        """``_records_here`` where the caller has checked ``instrumentation_enabled()``: the wrapped fetch and
+        backward, whose wrapper checked it (each check and each Python frame costs about a microsecond in a
+        real loop, where torch has evicted our code from the caches)."""
+        if self.suspended or (self.dormant and self._still_dormant()):
             return False
         ident = threading.get_ident()
         if self._owner is None:
             self._owner = ident
         return ident == self._owner
+
+    def _failed(self, hook: str) -> None:
+        """An internal error in a hook: logged once, never raised into the loop. The hooks below contain
+        themselves inline (a ``contained`` wrapper would be one more frame each, six a step)."""
+        log_once(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
+                 f"StepTracker.{hook}")
 
     @property
     def open(self) -> bool:
@@ -173,9 +137,14 @@ class StepTracker:
         self._step, self._ctx = step, None  # its context: made when work nests in it (_begin_in_step)
         self._awaiting_input = awaiting_input
 
-    @contained(default=None)
     def close(self) -> None:
         """End the open step (also called on shutdown and uninstrument)."""
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("close")
+
+    def _close(self) -> None:
         step = self._step
         if step is None:
             return
@@ -209,9 +178,12 @@ class StepTracker:
     def _boundary(self, fetch: bool) -> None:
         """A new iteration may begin here: close a step waiting for its boundary."""
         if self._step is not None and self._complete and (fetch or not self._fetched):
-            self.close()
+            self._close()
 
     # -- the forward pre-hook, armed only while no step is open -------------
+    def _claimed(self) -> None:
+        self._arm_forward()
+
     def _arm_forward(self) -> None:
         if self._forward_handle is None and not self.suspended and not self.dormant:
             self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
@@ -234,38 +206,48 @@ class StepTracker:
             self._open()
 
     # -- hook entry points ----------------------------------------------------
-    @contained(default=None)
     def fetch_begin(self, iterator: Any) -> int | None:
-        """Before ``DataLoader`` hands out a batch; returns the wall-clock start (ns) of the wait."""
-        if self.dormant and self._still_dormant():
+        """Before ``DataLoader`` hands out a batch (its wrapper checked suppression); returns the wall-clock
+        start (ns) of the wait."""
+        try:
+            if self.dormant and self._still_dormant():
+                return None
+            exhausted = self._lengths.exhausted(iterator)
+            if self._here():
+                step = self._step
+                if step is not None and self._complete:  # the boundary a completed step waited for
+                    self._close()
+                    step = None
+                if step is None and not exhausted:
+                    if torch.is_grad_enabled():
+                        self._open(awaiting_input=True)
+                    elif self._number:  # batches without gradients after training began: an evaluation
+                        self._begin_evaluation()
+                self._fetched = self._step is not None
+            return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("fetch_begin")
             return None
-        exhausted = self._lengths.exhausted(iterator)
-        if self._records_here():
-            self._boundary(fetch=True)
-            if self._step is None and not exhausted:
-                if torch.is_grad_enabled():
-                    self._open(awaiting_input=True)
-                elif self._number:  # batches without gradients after training began: an evaluation
-                    self._begin_evaluation()
-            self._fetched = self._step is not None
-        return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
 
-    @contained(default=None)
     def fetch_end(self, started: int | None, error: BaseException | None = None) -> None:
         """Account the wait to the step; a span only when it blocked (or failed)."""
         if started is None:
             return
-        ended = time.time_ns()
-        step = self._step if threading.get_ident() == self._owner else None
-        if step is not None:
-            self._wait_ns += ended - started
-            if self._awaiting_input:  # the batch is in: the step's device work may begin
-                self._awaiting_input = False
-                step.input_ready()
-        if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None and not isinstance(error, StopIteration)):
-            record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
-                        parent=step.span if step is not None else None, error=error,
-                        events=self.trainer.events_runtime())
+        try:
+            ended = time.time_ns()
+            step = self._step if threading.get_ident() == self._owner else None
+            if step is not None:
+                self._wait_ns += ended - started
+                if self._awaiting_input:  # the batch is in: the step's device work may begin
+                    self._awaiting_input = False
+                    step.input_ready()
+            if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None
+                                                            and not isinstance(error, StopIteration)):
+                record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
+                            parent=step.span if step is not None else None, error=error,
+                            events=self.trainer.events_runtime())
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("fetch_end")
 
     @contained(default=None)
     def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
@@ -302,45 +284,53 @@ class StepTracker:
         else:
             end()
 
-    @contained(default=None)
     def backward_begin(self) -> None:
-        if self._claim is not None:
-            self.claim_if_dormant()
-        if not self._records_here():
-            return
-        self._boundary(fetch=False)
-        if self._step is None:
-            self._open()
+        """Before ``torch.autograd.backward`` (its wrapper checked suppression)."""
+        try:
+            if self._claim is not None:
+                self.claim_if_dormant()
+            if not self._here():
+                return
+            self._boundary(fetch=False)
+            if self._step is None:
+                self._open()
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("backward_begin")
 
-    @contained(default=None)
     def backward_end(self) -> None:
-        if self._step is not None and self._records_here():
-            self._backward_ends.append(time.time_ns())
+        try:
+            if self._step is not None and self._here():
+                self._backward_ends.append(time.time_ns())
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("backward_end")
 
-    @contained(default=None)
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.optimizer_calls += 1
-        # torch wraps every optimizer class's step() with the hooks, so a subclass whose step()
-        # calls super().step() runs them twice, nested: only the outermost call counts.
-        key = id(optimizer)
-        self._nested[key] = self._nested.get(key, 0) + 1
-        if self._claim is not None:
-            self.claim_if_dormant()
-        if not self._records_here() or self._step is not None:
-            return
-        if not self._just_closed:
-            self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
+        try:
+            self.optimizer_calls += 1
+            # torch wraps every optimizer class's step() with the hooks, so a subclass whose step()
+            # calls super().step() runs them twice, nested: only the outermost call counts.
+            key = id(optimizer)
+            self._nested[key] = self._nested.get(key, 0) + 1
+            if self._claim is not None:
+                self.claim_if_dormant()
+            if self._step is not None or not instrumentation_enabled() or not self._here():
+                return
+            if not self._just_closed:
+                self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("optimizer_pre")
 
-    @contained(default=None)
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        key = id(optimizer)
-        depth = self._nested.pop(key, 1) - 1
-        if depth > 0:
-            self._nested[key] = depth
-            return  # the inner step() of a subclass's super().step()
-        if not self._records_here():
-            return
-        self._stepped_once(optimizer, skipped=False)
+        try:
+            key = id(optimizer)
+            depth = self._nested.pop(key, 1) - 1
+            if depth > 0:
+                self._nested[key] = depth
+                return  # the inner step() of a subclass's super().step()
+            if instrumentation_enabled() and self._here():
+                self._stepped_once(optimizer, skipped=False)
+        except Exception:  # noqa: BLE001 - never into the loop
+            self._failed("optimizer_post")
 
     @contained(default=None)
     def scaler_skipped(self, optimizer: Any) -> None:
@@ -361,7 +351,7 @@ class StepTracker:
             self._optimizer_steps += 1
         self._complete = True
         if self._expected is not None and self._stepped >= self._expected:
-            self.close()
+            self._close()
         elif not self._fetched:
             self._arm_forward()
 
