@@ -97,6 +97,36 @@ def test_run_instruments_an_unmodified_script_and_forwards_the_exit_code(tmp_pat
     assert all(s["attributes"][sc.STEP_DATA_WAIT_S] > 0 for s in steps)
 
 
+def test_a_zero_code_run_is_one_trace_rooted_at_training_train_with_epochs_evaluations_and_checkpoints(
+        tmp_path: Path):
+    """Issue 30 item 2: an unmodified script under ``otel-training run`` gave a trace per step. Now the run is one
+    trace, as the README says and the manual API gives: ``training.train`` > ``training.epoch`` (one per
+    DataLoader pass) > ``training.step``, with each epoch's evaluation and checkpoint save under the train span."""
+    out = tmp_path / "traces"
+    (tmp_path / "checkpoints").mkdir()
+    result = _run([OTEL_TRAINING, "run", "--output-dir", str(out), "--", sys.executable,
+                   str(REPO / "examples" / "torch_loop.py"), "--epochs", "2", "--batches", "8",
+                   "--checkpoint-dir", str(tmp_path / "checkpoints")])
+    assert result.returncode == 0, result.stderr
+    spans = read_spans(out / "traces-r0.jsonl")
+    (train,) = [s for s in spans if s["name"] == sc.SPAN_TRAIN]
+    assert train["parent_id"] is None or train["parent_id"] == ""
+    assert {s["trace_id"] for s in spans} == {train["trace_id"]}, Counter(s["name"] for s in spans)
+    by_id = {s["span_id"]: s for s in spans}
+    epochs = sorted((s for s in spans if s["name"] == sc.SPAN_EPOCH), key=lambda s: s["attributes"][sc.EPOCH])
+    assert [e["attributes"][sc.EPOCH] for e in epochs] == [0, 1]
+    assert all(e["parent_id"] == train["span_id"] for e in epochs)
+    steps = sorted((s for s in spans if s["name"] == sc.SPAN_STEP), key=lambda s: s["attributes"][sc.STEP])
+    assert [by_id[s["parent_id"]]["attributes"][sc.EPOCH] for s in steps] == [0] * 4 + [1] * 4
+    for name in (sc.SPAN_EVALUATE, sc.SPAN_SAVE_CHECKPOINT):
+        assert [s["parent_id"] == train["span_id"] for s in spans if s["name"] == name] == [True, True], name
+    evaluations = sorted((s for s in spans if s["name"] == sc.SPAN_EVALUATE), key=lambda s: s["start"])
+    saves = sorted((s for s in spans if s["name"] == sc.SPAN_SAVE_CHECKPOINT), key=lambda s: s["start"])
+    assert all(e["start"] >= epoch["end"] and e["end"] <= save["start"]  # between the pass and its save
+               for e, epoch, save in zip(evaluations, epochs, saves))
+    assert train["start"] <= steps[0]["start"] and train["end"] >= saves[-1]["end"]
+
+
 def test_run_passes_options_and_does_not_import_torch_eagerly(tmp_path: Path):
     probe = "import sys, otel_training; t = otel_training.get_telemetry(); " \
             "print('torch' in sys.modules, t.options['service_name'], t.options['stuck_threshold_s'])"

@@ -245,8 +245,11 @@ def test_evaluation_under_no_grad_creates_no_step(instrumented):
 
     spans = spans_of(instrumented)
     assert len(named(spans, sc.SPAN_STEP)) == 3
-    evaluation_waits = [w for w in named(spans, sc.SPAN_DATA_WAIT) if not w["parent_id"]]
+    steps = {s["span_id"] for s in named(spans, sc.SPAN_STEP)}
+    evaluation_waits = [w for w in named(spans, sc.SPAN_DATA_WAIT) if w["parent_id"] not in steps]
     assert len(evaluation_waits) == 4
+    # under the evaluation span, still open (it ends when the next step opens or the pipeline closes)
+    assert len({w["parent_id"] for w in evaluation_waits}) == 1 and evaluation_waits[0]["parent_id"]
 
 
 def test_steps_nest_under_the_users_epoch_span(instrumented):

@@ -149,6 +149,7 @@ def suspend_steps() -> Callable[[], None]:
         return lambda: None
     previous = tracker.suspended
     tracker.close()
+    tracker.loop.close()  # the framework's own train and epoch spans frame what follows
     tracker.suspended = True
     tracker._disarm_forward()
 

@@ -43,9 +43,11 @@ from otel_training._contain import contained, log_once
 from otel_training._sdk_compat import instrumentation_check
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
+from otel_training.events.runtime import EventsRuntime
 from otel_training.integrations.spans import record_span
 from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
+from otel_training.integrations.torch.loop_spans import LoopSpans
 
 SOURCE = "torch"
 #: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
@@ -83,8 +85,8 @@ class StepTracker(Dormancy):
         self._lengths = LoaderLengths()
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
-        #: The evaluation in progress (batches fetched without gradients between steps), if any.
-        self._evaluation: Duration | None = None
+        #: The run's own training.train, epoch and evaluation spans, which the steps nest in (``loop_spans.py``).
+        self.loop = LoopSpans(self.trainer)
         self._reset()
 
     def _reset(self) -> None:
@@ -117,25 +119,31 @@ class StepTracker(Dormancy):
         log_once(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
                  f"StepTracker.{hook}")
 
-    @property
-    def open(self) -> bool:
-        return self._step is not None
-
     # -- opening and closing ----------------------------------------------
     def _open(self, awaiting_input: bool = False) -> None:
         """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``."""
-        self._end_evaluation()
+        self.loop.end_evaluation()
         self._disarm_forward()
         self._just_closed = False
+        rt = self._training()
+        step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
+        loop = self.loop.context
+        if loop is None:
+            step.begin_detached(awaiting_input, rt)
+        else:
+            loop.run(step.begin_detached, awaiting_input, rt)
+        self._start_ns = time.time_ns()
+        self._step, self._ctx = step, None  # its context: made when work nests in it (_begin_in_step)
+        self._awaiting_input = awaiting_input
+
+    def _training(self) -> EventsRuntime:
+        """Training work: the run's ``training.train`` begins once, and everything ends when the pipeline closes."""
         rt = self.trainer.events_runtime()
         if rt.telemetry is not self._telemetry:
             self._telemetry = rt.telemetry
             rt.telemetry.on_shutdown(self._pipeline_closing)
-        step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
-        step.begin_detached(awaiting_input, rt)
-        self._start_ns = time.time_ns()
-        self._step, self._ctx = step, None  # its context: made when work nests in it (_begin_in_step)
-        self._awaiting_input = awaiting_input
+        self.loop.training()
+        return rt
 
     def close(self) -> None:
         """End the open step (also called on shutdown and uninstrument)."""
@@ -218,11 +226,15 @@ class StepTracker(Dormancy):
                 if step is not None and self._complete:  # the boundary a completed step waited for
                     self._close()
                     step = None
-                if step is None and not exhausted:
+                if exhausted:
+                    self.loop.exhausted(iterator)
+                elif step is None:
                     if torch.is_grad_enabled():
+                        self._training()
+                        self.loop.fetched(iterator)
                         self._open(awaiting_input=True)
                     elif self._number:  # batches without gradients after training began: an evaluation
-                        self._begin_evaluation()
+                        self.loop.begin_evaluation()
                 self._fetched = self._step is not None
             return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
         except Exception:  # noqa: BLE001 - never into the loop
@@ -244,7 +256,7 @@ class StepTracker(Dormancy):
             if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None
                                                             and not isinstance(error, StopIteration)):
                 record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
-                            parent=step.span if step is not None else None, error=error,
+                            parent=step.span if step is not None else self.loop.span, error=error,
                             events=self.trainer.events_runtime())
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("fetch_end")
@@ -255,8 +267,11 @@ class StepTracker(Dormancy):
         closing a step that only waited for its boundary (``boundary=True``). None while dormant."""
         if self.dormant and self._still_dormant():
             return None
-        if boundary and self._records_here():
-            self._boundary(fetch=True)
+        if self._records_here():
+            self._training()
+            if boundary:  # other host work (a checkpoint save): an evaluation before it has ended
+                self.loop.end_evaluation()
+                self._boundary(fetch=True)
         return self._begin_in_step(duration)
 
     def _begin_in_step(self, duration: Duration) -> Token:
@@ -267,6 +282,10 @@ class StepTracker(Dormancy):
                 ctx = self._ctx = step.context()
             ctx.run(duration.begin)
             return duration, ctx
+        loop = self.loop.context
+        if loop is not None and threading.get_ident() == self._owner:
+            loop.run(duration.begin)
+            return duration, loop
         duration.begin()
         return duration, None
 
@@ -355,28 +374,16 @@ class StepTracker(Dormancy):
         elif not self._fetched:
             self._arm_forward()
 
-    # -- evaluations: fetches without gradients between steps -------------------
-    def _begin_evaluation(self) -> None:
-        """A ``training.evaluate`` span from the first batch fetched without gradients after a step until the
-        next step opens: host work, so the time between steps it covers is no hang (``host_gaps.py``), and
-        goodput counts it as evaluation."""
-        if self._evaluation is None:
-            self._evaluation = self.trainer.evaluate(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
-            self._evaluation.begin_detached()
-
-    def _end_evaluation(self) -> None:
-        evaluation, self._evaluation = self._evaluation, None
-        if evaluation is not None:
-            evaluation.end()
-
     def _pipeline_closing(self) -> None:
-        """The pipeline shuts down: the open evaluation and step end (exported, not lost)."""
-        self._end_evaluation()
+        """The pipeline shuts down: the open evaluation, step, epoch and training end (exported, not lost)."""
+        self.loop.end_evaluation()
         self.close()
+        self.loop.close()
 
     def shutdown(self) -> None:
-        self._end_evaluation()
+        self.loop.end_evaluation()
         self.close()
+        self.loop.close()
         self._disarm_forward()
         if self.collectives is not None:
             self.collectives.close()

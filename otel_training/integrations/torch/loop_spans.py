@@ -1,0 +1,132 @@
+"""The training loop's own spans in a zero-code run: ``training.train``, one ``training.epoch`` per pass, and
+``training.evaluate`` for the batches fetched without gradients between steps.
+
+Without them an unmodified script's steps were each a trace of their own (201
+traces for a 200-step script in Jaeger, issue 30), where the README promises one
+trace per rank's run rooted at ``training.train``, and where the manual API gives
+one. So the step tracker begins, detached as its steps are:
+
+* ``training.train`` at the first sign of training (the first step, or a
+  checkpoint or process-group call before it), ended when the pipeline closes
+  (at exit, ended ERROR by the lifecycle hooks if the process dies of an
+  exception or a signal) or the instrumentation is removed;
+* ``training.epoch`` (``training.epoch`` = 0, 1, ...) from the first training
+  fetch of a new ``DataLoader`` iterator until that iterator is exhausted, the
+  next training iterator begins, or training ends. A loop without a DataLoader
+  has steps right under ``training.train``.
+
+Steps, data waits, evaluations and checkpoint spans begin in the context where
+the innermost of them is current, so they nest; the trace budget
+(``trace_max_spans``, ``trace_max_age_s``) continues a long run in linked trace
+segments as it does for the manual API. A loop framed by the user's own spans
+(the events API, a framework callback's) gets none of these: its steps nest in
+the user's spans as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from otel_training import semconv as sc
+from otel_training.events.duration import Duration, current_duration
+from otel_training.events.predefined import TrainerProcess
+
+SOURCE = "torch"
+
+
+class LoopSpans:
+    """``training.train`` and the epochs of one step tracker (``steps.StepTracker``)."""
+
+    def __init__(self, trainer: TrainerProcess) -> None:
+        self._trainer = trainer
+        self._train: Duration | None = None
+        self._epoch: Duration | None = None
+        self._epoch_iterator: weakref.ReferenceType[Any] | None = None
+        self._epochs = 0
+        #: Where the innermost open one is current (None: none is open, the caller's context).
+        self._context: contextvars.Context | None = None
+        self._train_context: contextvars.Context | None = None
+        #: The user's own spans frame the loop: no train or epoch of ours.
+        self.declined = False
+        self._evaluation: Duration | None = None
+
+    @property
+    def context(self) -> contextvars.Context | None:
+        """The context the loop's work begins in: its epoch's or its train span's, or None (the caller's)."""
+        return self._context
+
+    @property
+    def span(self) -> Span | None:
+        """The innermost open one's span, for work recorded after the fact (a data wait outside any step)."""
+        innermost = self._evaluation or self._epoch or self._train
+        return innermost.span if innermost is not None else None
+
+    def training(self) -> None:
+        """Training work begins (a step, a checkpoint, a process group): ``training.train`` once, unless the
+        caller's own Duration frames it."""
+        if self._train is not None or self.declined:
+            return
+        if current_duration() is not None:
+            self.declined = True
+            return
+        train = self._trainer.train(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+        train.begin_detached()
+        self._train = train
+        self._context = self._train_context = train.context()
+
+    def fetched(self, iterator: Any) -> None:
+        """A training fetch from ``iterator``: a new iterator is a new epoch (the previous one ends)."""
+        if self._train is None or self._train_context is None:
+            return
+        previous = self._epoch_iterator() if self._epoch_iterator is not None else None
+        if previous is iterator:
+            return
+        self.end_epoch()
+        epoch = self._trainer.epoch(epoch=self._epochs, **{sc.INSTRUMENTATION_SOURCE: SOURCE})
+        self._train_context.run(epoch.begin_detached)
+        self._epochs += 1
+        self._epoch = epoch
+        self._context = epoch.context()
+        try:
+            self._epoch_iterator = weakref.ref(iterator)
+        except TypeError:  # an iterator without weak references: kept by identity until the next one
+            self._epoch_iterator = lambda: iterator  # type: ignore[assignment]
+
+    def exhausted(self, iterator: Any) -> None:
+        """``iterator`` has nothing left: its epoch ends now."""
+        if self._epoch_iterator is not None and self._epoch_iterator() is iterator:
+            self.end_epoch()
+
+    def end_epoch(self) -> None:
+        epoch, self._epoch, self._epoch_iterator = self._epoch, None, None
+        if epoch is not None:
+            epoch.end()
+            self._context = self._train_context
+
+    def begin_evaluation(self) -> None:
+        """A ``training.evaluate`` span from the first batch fetched without gradients after a step until the
+        next step opens: host work, so the time between steps it covers is no hang (``host_gaps.py``), and
+        goodput counts it as evaluation."""
+        if self._evaluation is None:
+            self._evaluation = self._trainer.evaluate(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+            if self._context is None:
+                self._evaluation.begin_detached()
+            else:
+                self._context.run(self._evaluation.begin_detached)
+
+    def end_evaluation(self) -> None:
+        evaluation, self._evaluation = self._evaluation, None
+        if evaluation is not None:
+            evaluation.end()
+
+    def close(self) -> None:
+        """Training ends (the pipeline closes, the instrumentation is removed)."""
+        self.end_evaluation()
+        self.end_epoch()
+        train, self._train, self._context, self._train_context = self._train, None, None, None
+        if train is not None:
+            train.end()
