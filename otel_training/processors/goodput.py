@@ -20,6 +20,11 @@ The classification is ``otel_training.analysis`` — the same code the offline
 report runs. Only what one process can know is live: downtime between runs and
 progress lost to a failure are a job-level, after-the-fact view (the report).
 
+A hang ends no span: while a watched span is stuck, each collection counts the
+time since its threshold crossing as ``stuck`` (``goodput_stuck.py``); its
+recovery or end settles it as the report does, and ``finish()`` at shutdown ends
+the life as the report ends a run, so their figures agree.
+
 Cost on the training thread, well under 1 µs a span (measured by
 ``bench/bench_events.py --default-pipeline``): when a span this processor
 classifies (or an alert) starts, a name lookup and the live span appended to a
@@ -75,6 +80,7 @@ from otel_training.analysis import ideal_step_time as derive_ideal
 from otel_training.analysis import times_step
 from otel_training.analysis.goodput import with_compilation
 from otel_training.analysis.stragglers import LiveIndividual
+from otel_training.processors.goodput_stuck import LiveStuck
 
 _STEP_NAMES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 #: A measurement's context with no span in it: no exemplar (a trace-based filter samples none).
@@ -133,6 +139,9 @@ class GoodputSpanProcessor(SpanProcessor):
         self._durations = array.array("d")
         self._individual = LiveIndividual()
         self._settle_lock = threading.Lock()  # between collector callbacks only
+        self._stuck = LiveStuck()  # an open stuck stretch, counted at each settling
+        #: The life's figures once ``finish()`` ended it (at shutdown).
+        self._final: dict[str, int] | None = None
 
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
         self._step_duration = meter.create_histogram(
@@ -213,42 +222,72 @@ class GoodputSpanProcessor(SpanProcessor):
 
     # -- metric collection (reader thread) ------------------------------------------
     def settle(self) -> dict[str, int]:
-        """Take in the ended spans and classify the time that can no longer change; nanoseconds by label."""
+        """Take in the ended spans and classify the time that can no longer change; nanoseconds by label.
+
+        An open stuck stretch counts up to now (``goodput_stuck``); after ``finish()``, the
+        life's final figures.
+        """
         with self._settle_lock:
+            if self._final is not None:
+                return dict(self._final)
             now = self._clock()
-            awaiting = self._awaiting_device
-            while True:
-                try:
-                    span = self._started.popleft()
-                except IndexError:
-                    break
-                self._tracked.append(span)
-                if span.name == sc.SPAN_STEP and (span.attributes or {}).get(sc.STEP_DEVICE_TIMED):
-                    awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]
-                elif span.name == sc.SPAN_DEVICE_STEP and span.parent is not None:
-                    awaiting.pop(span.parent.span_id, None)
-            for span_id, started in list(awaiting.items()):
-                if now - started > MAX_DEVICE_LAG_NS:
-                    del awaiting[span_id]  # its device span is not coming (a dead device, a failed timeline)
-            ended: list[ReadableSpan] = []
-            still_open: list[ReadableSpan] = []
-            for span in self._tracked:
-                (still_open if span.end_time is None else ended).append(span)
-            self._tracked = still_open
-            # Time after the earliest start of a classified span still open may still change.
-            starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
-            until = min([now, *starts, *awaiting.values()])  # type: ignore[type-var]
-            ended.sort(key=_end_time)  # the accountant takes spans in the order they ended
-            steps: list[ReadableSpan] = []
-            for span in ended:
-                self._accountant.add(_record(span))
-                if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
-                    steps.append(span)
-            if steps:
-                self._record_steps(steps)
-            self._accountant.fold(until)
-            return with_compilation(dict(self._accountant.timeline.totals), self._accountant.first_step,
-                                    self.ideal_step_time_s)
+            accountant = self._accountant
+            accountant.fold(self._take_in(now))
+            totals = with_compilation(dict(accountant.timeline.totals), accountant.first_step,
+                                      self.ideal_step_time_s)
+            return self._stuck.add_open(totals, accountant, now)
+
+    def finish(self) -> dict[str, int]:
+        """End this life's accounting now, as the report ends a run, and keep its figures from then on.
+
+        Called at shutdown, before the metric reader's last collection: a span still open is
+        never exported, so the report counts its time as if it had not been there, and a stuck
+        stretch still open as stuck until the run's end; the last export says the same.
+        """
+        with self._settle_lock:
+            if self._final is None:
+                now = self._clock()
+                self._take_in(now)
+                accountant = self._accountant
+                totals = accountant.finish(max(now, accountant.timeline.folded_until), failed=False)
+                totals = with_compilation(totals, accountant.first_step, self.ideal_step_time_s)
+                self._final = self._stuck.never_back(totals)
+            return dict(self._final)
+
+    def _take_in(self, now: int) -> int:
+        """Feed the accountant the spans ended since the last call; returns how far time is settled."""
+        awaiting = self._awaiting_device
+        while True:
+            try:
+                span = self._started.popleft()
+            except IndexError:
+                break
+            self._tracked.append(span)
+            if span.name == sc.SPAN_STEP and (span.attributes or {}).get(sc.STEP_DEVICE_TIMED):
+                awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]
+            elif span.name == sc.SPAN_DEVICE_STEP and span.parent is not None:
+                awaiting.pop(span.parent.span_id, None)
+        for span_id, started in list(awaiting.items()):
+            if now - started > MAX_DEVICE_LAG_NS:
+                del awaiting[span_id]  # its device span is not coming (a dead device, a failed timeline)
+        ended: list[ReadableSpan] = []
+        still_open: list[ReadableSpan] = []
+        for span in self._tracked:
+            (still_open if span.end_time is None else ended).append(span)
+        self._tracked = still_open
+        ended.sort(key=_end_time)  # the accountant takes spans in the order they ended
+        steps: list[ReadableSpan] = []
+        for span in ended:
+            self._accountant.add(_record(span))
+            if span.name in _STEP_NAMES and times_step(span.name, span.attributes or {}):
+                steps.append(span)
+        if steps:
+            self._record_steps(steps)
+        # Time after the earliest start of a classified span still open may still change, and so may
+        # time after an open stuck stretch's start (a watched span no label covers).
+        starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
+        stuck = self._accountant.stuck_since_ns
+        return min([now, *starts, *awaiting.values(), *([] if stuck is None else [stuck])])
 
     def _record_steps(self, steps: list[ReadableSpan]) -> None:
         """Record the steps' histograms, the ideal and the gauges, in the order the steps ended.
@@ -292,12 +331,13 @@ class GoodputSpanProcessor(SpanProcessor):
 
     @property
     def elapsed_ns(self) -> int:
-        return self._accountant.timeline.folded_until - self.origin_ns
+        """The time the last settling counted: settled, plus an open stuck stretch up to then."""
+        return self._accountant.timeline.folded_until - self.origin_ns + self._stuck.open_ns
 
     @contained(default=())
     def _observe_goodput(self, options: CallbackOptions) -> Iterable[Observation]:
         totals = self.settle()
-        elapsed = self.elapsed_ns
+        elapsed = sum(totals.values())  # every counted nanosecond has exactly one label
         return [Observation(totals.get(PRODUCTIVE, 0) / elapsed)] if elapsed > 0 else []
 
     @contained(default=())
@@ -321,6 +361,11 @@ class GoodputSpanProcessor(SpanProcessor):
     def shutdown(self) -> None:
         self._stopped = True
         self._wake.set()
+        self._finish_contained()  # before the meter provider's shutdown collects a last time
+
+    @contained()
+    def _finish_contained(self) -> None:
+        self.finish()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
