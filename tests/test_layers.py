@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "otel_training"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("_text", "_files", "_contain", "_pids", "_stacks", "_version", "_native", "_native_loader", "_ring", "semconv")),
     ("analysis", ("analysis",)),
-    ("processors and exporters", ("_sdk_compat", "exporters", "processors")),
+    ("processors and exporters", ("_sdk_compat", "exporters", "processors", "hardware")),
     ("config", ("config",)),
     ("pipeline", ("pipeline", "lifecycle", "watchdog")),
     ("API", ("events",)),

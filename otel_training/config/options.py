@@ -45,6 +45,22 @@ ENV_CONFIG_FILE = "OTEL_TRAINING_CONFIG"
 MAX_CONFIG_BYTES = 1 << 20
 
 
+#: The GPU state sampler's shortest interval: NVML's reads take up to milliseconds, and a faster sampler
+#: shows nothing a step span's own timing does not (docs/gpu-state.md).
+MIN_GPU_STATE_INTERVAL_S = 0.1
+
+
+def _parse_gpu_state_interval(value: Any) -> float:
+    expected = f"expected 0 (off) or a number of seconds >= {MIN_GPU_STATE_INTERVAL_S}"
+    try:
+        seconds = _parse_seconds(value)
+    except ValueError as error:
+        raise ValueError(f"{expected}: {error}") from None
+    if 0 < seconds < MIN_GPU_STATE_INTERVAL_S:
+        raise ValueError(expected)
+    return seconds
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -171,6 +187,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("evaluation_is_productive", _parse_bool, False, "Count evaluation time as goodput."),
     Option("ideal_step_time_s", _optional(_parse_seconds), None,
            "Ideal step time for step-time deviation (default: mean of the normal steps)."),
+    # The GPU's own state (see docs/gpu-state.md).
+    Option("gpu_state_interval_s", _parse_gpu_state_interval, 1.0,
+           "Seconds between samples of the rank's GPU through NVML (the `gpu` extra), in the drain process "
+           "(offload only); 0: off, else at least 0.1 ([gpu-state.md](gpu-state.md))."),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

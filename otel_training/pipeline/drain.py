@@ -141,6 +141,8 @@ class Replayer:
         self.closed = False
         #: Records that did not decode as a record of their kind (``check_record``).
         self.bad = 0
+        #: Called with each replayed span and its end time before it ends (plugins.py: the GPU state of a step).
+        self.on_end: Callable[[SDKSpan, int], None] | None = None
         #: Once the training process has closed its pipeline or gone: when this drain stops exporting
         #: (monotonic), ``exit_timeout_s`` later, collector or not.
         self.exit_deadline: float | None = None
@@ -259,6 +261,8 @@ class Replayer:
                 span.update_name(name)
             for link in _links(links) or ():
                 span.add_link(link.context, link.attributes)
+        if self.on_end is not None:
+            self.on_end(span, record[2])
         self.device_steps.host_ended(record[1], span, record[2])
         self.host_gaps.host_ended(record[1], span, record[2])
         span.end(record[2])
@@ -292,10 +296,11 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     watchdog = bool(hello.get("watchdog"))  # the sidecar's work is this drain's (responder.py)
     requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0,
                          py_spy=watchdog) if hello.get("requests_fd") is not None else None)
-    install_plugins(telemetry, requests, spans_of_this_process=False)
+    on_end = install_plugins(telemetry, requests, spans_of_this_process=False)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
                         requests.deliver if requests is not None else lambda request_id, stacks, context: None)
+    replayer.on_end = on_end
     if extension is not None:  # from now on the training process may write fast records
         ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads

@@ -6,19 +6,45 @@ so a pipeline without a stuck detector or a DLRover log never loads them.
 
 from __future__ import annotations
 
+import logging
+import os
+from typing import TYPE_CHECKING
+
 from otel_training import semconv as sc
 from otel_training._contain import call_contained
 from otel_training.processors.stuck_actions import RemoteProcess
 from otel_training.pipeline.telemetry import Telemetry
 
+if TYPE_CHECKING:
+    from otel_training.hardware.gpu_state import SpanEndHook
 
-def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *, spans_of_this_process: bool = True) -> None:
+logger = logging.getLogger("otel_training")
+
+
+def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *,
+                    spans_of_this_process: bool = True) -> SpanEndHook | None:
     """Processors and helpers that options turn on, each in its own module.
 
     ``spans_of_this_process`` False: the spans are another process's (the offload drain's training process),
     so this process's stacks say nothing of them; ``remote`` is then that process, when it can be asked
-    (``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it.
+    (``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it. Returns what the
+    drain calls before it ends a replayed span (the GPU state's step join), or None.
     """
+    # The GPU's own state (issue 31, docs/gpu-state.md): sampled in the drain only, never in training.
+    on_end: SpanEndHook | None = None
+    if telemetry.options.get("gpu_state_interval_s") and not telemetry.disabled:
+        if spans_of_this_process:
+            logger.info("otel_training: GPU state is not sampled: it needs the offloaded pipeline (offload=true), "
+                        "never the training process")
+        else:
+            from otel_training.hardware.gpu_state import RemoteWithGpuState
+            from otel_training.hardware.setup import start_gpu_state
+
+            gpu = call_contained(start_gpu_state, telemetry.options, telemetry.resource.attributes,
+                                 telemetry.meter_provider, telemetry.on_shutdown, os.environ)
+            if gpu is not None:
+                on_end = gpu.on_span_end
+                remote = RemoteWithGpuState(remote, gpu) if remote is not None else None
     # The DLRover-format event log (issue 2).
     if telemetry.options["dlrover_log"]:
         from otel_training.processors.dlrover_log import DLRoverLogProcessor
@@ -60,6 +86,7 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *
                 origin_ns=telemetry.process_start_ns,
             )
         )
+    return on_end
 
 
 def end_spans_before_stuck_exit(telemetry: Telemetry) -> None:
