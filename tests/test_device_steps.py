@@ -71,6 +71,17 @@ def test_a_device_step_is_the_child_of_its_host_step_on_the_device_timeline() ->
     assert attributes[sc.BATCH_SIZE] == 4
 
 
+def test_a_device_step_made_in_the_drain_passes_its_end_hook_before_it_ends() -> None:
+    """The GPU state's step join (issue 31) sees the device spans the drain makes from the C core's records."""
+    h = Harness()
+    seen: list[tuple[str, int, bool]] = []
+    h.steps.on_end = lambda span, end_ns: seen.append((span.name, end_ns, span.end_time is None))
+    token = h.host_step(0, 0, 3)
+    h.device(token, DEVICE_BEGIN, 1)
+    h.device(token, DEVICE_END, 10)
+    assert seen == [(sc.SPAN_DEVICE_STEP, T0 + 10 * MS, True)]
+
+
 def test_the_next_step_waits_for_the_previous_one_on_the_device() -> None:
     h = Harness()
     first = h.host_step(0, 0, 1)

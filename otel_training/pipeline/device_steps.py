@@ -112,6 +112,8 @@ class DeviceSteps:
         self._training: bool | None = None
         self.failed = False
         self.resolved = 0
+        #: Called with each device span and its end before it ends (the GPU state's step join, ``plugins.py``).
+        self.on_end: Callable[[SDKSpan, int], None] | None = None
 
     def info(self, label: str, name: str) -> None:
         self.label, self.name, self.active = label, name, True
@@ -198,6 +200,8 @@ class DeviceSteps:
         host_attributes = step.host.attributes or {}
         span.set_attribute(sc.STEP_LAUNCHED, True)
         span.set_attributes({key: host_attributes[key] for key in RATE_KEYS if key in host_attributes})
+        if self.on_end is not None:
+            self.on_end(span, ended_ns)
         span.end(end_time=ended_ns)
         self._steps.pop(token, None)
         self._last_end_ns = ended_ns

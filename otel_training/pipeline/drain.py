@@ -300,7 +300,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
                         requests.deliver if requests is not None else lambda request_id, stacks, context: None)
-    replayer.on_end = on_end
+    replayer.on_end = replayer.device_steps.on_end = on_end
     if extension is not None:  # from now on the training process may write fast records
         ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
     ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads
