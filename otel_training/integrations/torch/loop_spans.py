@@ -11,9 +11,11 @@ one. So the step tracker begins, detached as its steps are:
   (at exit, ended ERROR by the lifecycle hooks if the process dies of an
   exception or a signal) or the instrumentation is removed;
 * ``training.epoch`` (``training.epoch`` = 0, 1, ...) from the first training
-  fetch of a new ``DataLoader`` iterator until that iterator is exhausted, the
-  next training iterator begins, or training ends. A loop without a DataLoader
-  has steps right under ``training.train``.
+  fetch of a new ``DataLoader`` iterator until the next training iterator
+  begins or training ends: what a loop does after its pass (the evaluation, the
+  checkpoint save) belongs to the epoch, as in the manual API and the README's
+  trace layout. A loop without a DataLoader has steps right under
+  ``training.train``.
 
 Steps, data waits, evaluations and checkpoint spans begin in the context where
 the innermost of them is current, so they nest; the trace budget
@@ -95,11 +97,6 @@ class LoopSpans:
             self._epoch_iterator = weakref.ref(iterator)
         except TypeError:  # an iterator without weak references: kept by identity until the next one
             self._epoch_iterator = lambda: iterator  # type: ignore[assignment]
-
-    def exhausted(self, iterator: Any) -> None:
-        """``iterator`` has nothing left: its epoch ends now."""
-        if self._epoch_iterator is not None and self._epoch_iterator() is iterator:
-            self.end_epoch()
 
     def end_epoch(self) -> None:
         epoch, self._epoch, self._epoch_iterator = self._epoch, None, None

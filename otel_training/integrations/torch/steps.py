@@ -226,9 +226,7 @@ class StepTracker(Dormancy):
                 if step is not None and self._complete:  # the boundary a completed step waited for
                     self._close()
                     step = None
-                if exhausted:
-                    self.loop.exhausted(iterator)
-                elif step is None:
+                if step is None and not exhausted:
                     if torch.is_grad_enabled():
                         self._training()
                         self.loop.fetched(iterator)
