@@ -83,6 +83,17 @@ def test_bad_values_name_option_and_value(arguments: dict, environ: dict, expect
         resolve(arguments, environ)
 
 
+def test_the_tools_own_variables_in_the_shell_do_not_stop_training() -> None:
+    """Issue 30: the native stack's OTEL_TRAINING_JAEGER_BIN, _CACHE, _WEBHOOK_URL... exported in the shell a job
+    starts from were refused as unknown options; a misspelt one still is."""
+    from otel_training.config.options import TOOL_VARIABLES
+
+    options = resolve({}, {name: "x" for name in TOOL_VARIABLES} | {"OTEL_TRAINING_EXPORTER": "file"})
+    assert options["exporter"] == "file"
+    with pytest.raises(ConfigError, match="OTEL_TRAINING_JAEGER_BINN"):
+        resolve({}, {"OTEL_TRAINING_JAEGER_BINN": "x"})
+
+
 def test_an_unusable_output_directory_fails_before_training(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -202,10 +202,20 @@ def _unknown(name: str, where: str) -> ConfigError:
     return ConfigError(f"unknown option {name!r} in {where}{hint}")
 
 
+#: Variables of the project's own tools, not options of ``configure()``: the native stack's binaries, cache and
+#: webhook, its gateway collector's settings, the test command's passes. Exported in the shell a job is started
+#: from, they must not stop training as unknown options (issue 30).
+TOOL_VARIABLES = frozenset({
+    "OTEL_TRAINING_JAEGER_BIN", "OTEL_TRAINING_OTELCOL_BIN", "OTEL_TRAINING_CACHE", "OTEL_TRAINING_WEBHOOK_URL",
+    "OTEL_TRAINING_JAEGER_MODULE_VERSION", "OTEL_TRAINING_TEST_PATHS", "OTEL_TRAINING_SAMPLE_PERCENT",
+    "OTEL_TRAINING_DECISION_WAIT", "OTEL_TRAINING_SLOW_STEP_NS",
+})
+
+
 def _check_variable_name(key: str) -> None:
     """Our variables are upper case; any other spelling would be silently ignored, so it is an error."""
     upper = key.upper()
-    if not upper.startswith(ENV_PREFIX):
+    if not upper.startswith(ENV_PREFIX) or key in TOOL_VARIABLES:
         return
     if upper.startswith(ENV_PREFIX + "_"):
         # OTEL_TRAINING__* (double underscore) is reserved for the library's own plumbing

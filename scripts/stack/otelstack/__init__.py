@@ -2,6 +2,7 @@
 ``scripts/stack/stack.py``. One module per job:
 
 * :mod:`~otelstack.binaries` -- build (once, cached) or find the four binaries;
+* :mod:`~otelstack.jaeger_binary` -- a Jaeger of the user's own (a release, UI included), checked at start;
 * :mod:`~otelstack.ports` -- free loopback ports;
 * :mod:`~otelstack.render` -- the shipped configs rendered for one run (files and environments);
 * :mod:`~otelstack.polling` -- HTTP polling and deadline waits;

@@ -43,9 +43,13 @@ class Stack:
         rule_replacements: dict[str, str] | None = None,
         startup_timeout: float = 60.0,
         log_level: str = "info",
+        jaeger_binary: Path | None = None,
     ) -> None:
         self.run_dir = Path(run_dir or default_run_dir()).resolve()
         self.binaries = binaries
+        #: The user's Jaeger (checked: otelstack.jaeger_binary), run instead of build.sh's; None: the
+        #: variable's, else build.sh's.
+        self.jaeger_binary = jaeger_binary
         #: Where Alertmanager sends pages; None: the stack's own receiver, writing them to ``notifications_file``
         #: (the shipped configuration's default, a webhook on the Docker host, resolves only in docker-compose).
         self.webhook_url = webhook_url or os.environ.get("OTEL_TRAINING_WEBHOOK_URL") or None
@@ -207,7 +211,7 @@ class Stack:
         process exit; the whole start is then retried on fresh ports.
         """
         if self.binaries is None:
-            self.binaries = ensure_binaries(self.log_dir / "build.log")
+            self.binaries = ensure_binaries(self.log_dir / "build.log", jaeger=self.jaeger_binary)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, attempts + 1):
             self._prepare()

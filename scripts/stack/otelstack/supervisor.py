@@ -202,8 +202,8 @@ class Supervisor:
 
     # -- state ----------------------------------------------------------------
     def status(self) -> dict[str, dict[str, object]]:
-        return {n: {"pid": c.pid, "running": c.running(), "healthy": c.healthy(), "log": str(c.log)}
-                for n, c in self.components.items()}
+        return {n: {"pid": c.pid, "binary": c.argv[0], "running": c.running(), "healthy": c.healthy(),
+                    "log": str(c.log)} for n, c in self.components.items()}
 
     def save_state(self, **meta: object) -> None:
         """Write the state file: ``meta`` (kept for later saves) and every component's pid, argv, log, health URL."""
