@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import stat
 import statistics
 import time
 from collections.abc import Iterator
@@ -171,6 +172,10 @@ def test_rank_frozen_with_the_gil_held_then_back_pages_once_and_resolves(failure
         return found if any(a["training.alert.kind"] == "recovered" for a in found) else None
 
     alerts = wait_until(episode, timeout=DEADLINE, what=f"the frozen rank's recovery in {stack.alerts_file}")
+    # the sink holds every thread's stack: the owner's alone, as the trace files are (issue 30 item 14); the
+    # collector's file exporter chmods what it creates to 0644 whatever the umask, so its directory is closed
+    for directory in (stack.alerts_file.parent, stack.run_dir):
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
     stuck = [a for a in alerts if a["training.alert.kind"] == "stuck"]
     first = [a for a in stuck if not a.get("training.alert.repeat")]
     assert len(first) == 1 and first[0]["training.alert.source"] == "watchdog", alerts

@@ -213,6 +213,7 @@ class Stack:
         if self.binaries is None:
             self.binaries = ensure_binaries(self.log_dir / "build.log", jaeger=self.jaeger_binary)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.chmod(0o700)  # traces, alerts with stacks, pages: the owner's alone, as the trace files are
         for attempt in range(1, attempts + 1):
             self._prepare()
             try:

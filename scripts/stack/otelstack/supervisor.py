@@ -126,6 +126,7 @@ class Supervisor:
         c = self[name]
         for d in (c.log.parent, *c.data_dirs, *(p.parent for p in c.configs)):
             d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o700)  # the alerts sink holds stacks, and the collector writes it 0644 whatever the umask
         for path, text in c.configs.items():
             path.write_text(text)
         with open(c.log, "ab") as log:
@@ -139,6 +140,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,
                 start_new_session=True,  # own process group: stop() signals the group
+                umask=0o077,  # what they write is the owner's alone (traces, alerts, metrics)
             )
         c.pid = c.popen.pid
 
