@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.analysis import RunSummary, SpanRecord, span_label, times_step
+from otel_training.analysis import RunKey, RunSummary, SpanRecord, span_label, times_step
 from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs, normalize_span_id
 from otel_training.analysis.hang_tracker import HangTracker
 from otel_training.analysis.stragglers import window_bounds
@@ -256,6 +256,10 @@ class Part:
     hang: HangTracker = dataclasses.field(default_factory=HangTracker)
     #: Seconds the trainers' host steps waited for their batches (``training.step.data_wait_s``).
     data_wait_s: float = 0.0
+    #: Spans dropped as read before (same trace and span id), by file: said in the problems, counted once.
+    duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The processes (lives) whose spans were read: inputs that share one may hold the same spans.
+    resources: set[RunKey] = dataclasses.field(default_factory=set)
 
     def data_wait(self, value: object) -> None:
         if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
@@ -282,6 +286,9 @@ class Part:
         self.unfinished |= other.unfinished
         self.hang.update(other.hang)
         self.data_wait_s += other.data_wait_s
+        for path, count in other.duplicates.items():
+            self.duplicates[path] = self.duplicates.get(path, 0) + count
+        self.resources |= other.resources
         for rank, part in other.ranks.items():
             if rank in self.ranks:
                 raise ValueError(f"rank {rank} is in two parts: read its spans together")

@@ -3,9 +3,12 @@
 The file exporter writes one file per rank (every life of the rank appended), so
 a worker that reads a file finishes its ranks alone, and the parent only merges
 per-rank aggregates: memory stays flat as the files grow, and every core reads.
-A rank found in several files (a collector's output split by time, files of
-one rank renamed) or one a worker could not read exactly as a stream is
-recomputed from its spans in memory: slower, never different.
+Files that share a rank or a process (a collector's output split by time, a
+rank's file rotated, a retry or a replay written to another file) are read
+again as one stream by one worker, so that a span in two of them counts once and
+a life split over them is read in one piece. A rank a worker could not read
+exactly as a stream is recomputed from its spans in memory: slower, never
+different.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from otel_training.report.reader import (
     _progress_bar,
     _size,
     _unique,
+    duplicates_problem,
     find_trace_files,
     read_file,
 )
-from otel_training.report.stream import digest_file
+from otel_training.report.stream import digest_files
 
 #: Bytes a worker reads between two progress messages.
 PROGRESS_EVERY = 4 * 1024 * 1024
@@ -78,11 +82,12 @@ def _init_worker(queue: Any) -> None:
     _queue = queue
 
 
-def _digest(job: tuple[int, Path, Options]) -> tuple[int, Part, list[Problem]]:
-    index, path, options = job
+def _digest(job: tuple[int, Sequence[Path], Options]) -> tuple[int, Part, list[Problem]]:
+    index, paths, options = job
     progress = None if _queue is None else _QueueProgress(_queue)
-    part, problems = digest_file(path, window=options.window, evaluation_is_productive=options.evaluation_is_productive,
-                                 job_id=options.job_id, progress=progress)
+    part, problems = digest_files(paths, window=options.window,
+                                  evaluation_is_productive=options.evaluation_is_productive,
+                                  job_id=options.job_id, progress=progress)
     if progress is not None:
         progress.flush()
     return index, part, problems
@@ -126,27 +131,29 @@ def _content_duplicates(files: list[Path]) -> dict[Path, Path]:
     return duplicates
 
 
-def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *, progress: bool | None = None,
-               workers: int | None = None, meanwhile: Callable[[], None] | None = None,
-               ) -> tuple[list[tuple[Part, list[Problem]]], Any]:
-    """Each file's part and problems, in the order of ``files``; several files are read by several processes.
+def read_parts(groups: Sequence[Sequence[Path]], options: Options, intervals: Intervals | None, *,
+               progress: bool | None = None, workers: int | None = None,
+               meanwhile: Callable[[], None] | None = None) -> tuple[list[tuple[Part, list[Problem]]], Any]:
+    """Each group's part and problems, in the order of ``groups``: a group's files are read as one stream
+    by one process, several groups by several.
 
     Each part's timeline intervals are merged into ``intervals`` as it arrives (a thousand files'
-    worth would be the largest thing held), the rest of it kept. ``meanwhile``: work for this
-    process while the workers read (the HTML page's plotting library is imported there: a
-    third of a second, otherwise added to the report's time); run after the files when there
-    are no workers.
+    worth would be the largest thing held), the rest of it kept; None drops them (files read
+    again: their intervals were merged the first time, and a span in two files marks the same
+    time). ``meanwhile``: work for this process while the workers read (the HTML page's plotting
+    library is imported there: a third of a second, otherwise added to the report's time); run
+    after the files when there are no workers.
     """
-    total = sum(_size(path) for path in files)
+    total = sum(_size(path) for paths in groups for path in paths)
     bar = _progress_bar(total, progress)
-    workers = min(workers or workers_available(), len(files))
-    jobs = [(index, path, options) for index, path in enumerate(files)]
-    results: list[Any] = [None] * len(files)
+    workers = min(workers or workers_available(), len(groups))
+    jobs = [(index, tuple(paths), options) for index, paths in enumerate(groups)]
+    results: list[Any] = [None] * len(groups)
     try:
         if workers <= 1:
-            for index, path, _ in jobs:
-                results[index] = _keep(digest_file(
-                    path, window=options.window, job_id=options.job_id,
+            for index, paths, _ in jobs:
+                results[index] = _keep(digest_files(
+                    paths, window=options.window, job_id=options.job_id,
                     evaluation_is_productive=options.evaluation_is_productive, progress=bar), intervals)
             if meanwhile is not None:
                 meanwhile()
@@ -157,7 +164,7 @@ def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *,
         if drain is not None:
             drain.start()
         # The largest files first, so that no worker is left with the largest at the end.
-        jobs.sort(key=lambda job: -_size(job[1]))
+        jobs.sort(key=lambda job: -sum(_size(path) for path in job[1]))
         with context.Pool(workers, initializer=_init_worker, initargs=(queue,)) as pool:
             parts = pool.imap_unordered(_digest, jobs, chunksize=1)
             if meanwhile is not None:  # the workers are forked and reading: no import runs across a fork
@@ -174,9 +181,10 @@ def read_parts(files: Sequence[Path], options: Options, intervals: Intervals, *,
             bar.close()
 
 
-def _keep(result: tuple[Part, list[Problem]], intervals: Intervals) -> tuple[Part, list[Problem]]:
+def _keep(result: tuple[Part, list[Problem]], intervals: Intervals | None) -> tuple[Part, list[Problem]]:
     part, _ = result
-    intervals.update(part.intervals)
+    if intervals is not None:
+        intervals.update(part.intervals)
     part.intervals = Intervals()
     return result
 
@@ -215,7 +223,8 @@ def report_files(
     options = Options(straggler_window, evaluation_is_productive, job_id)
     read = [path for path in files if path not in copies]
     part = Part()
-    results, _ = read_parts(read, options, part.intervals, progress=progress, workers=workers, meanwhile=meanwhile)
+    results, _ = read_parts([[path] for path in read], options, part.intervals, progress=progress, workers=workers,
+                            meanwhile=meanwhile)
     owners: dict[int, list[Path]] = {}
     for path, (file_part, file_problems) in zip(read, results):
         problems.extend(file_problems)
@@ -224,6 +233,15 @@ def report_files(
         if path in copies.values():
             problems.extend(Problem(str(copy), None, f"the same content as {path}: already read; counted once")
                             for copy, original in copies.items() if original == path)
+    groups = _together([file_part for file_part, _ in results])
+    grouped = {index for group in groups for index in group}
+    parts = [file_part for index, (file_part, _) in enumerate(results) if index not in grouped]
+    if groups:  # their problems were said the first time
+        again, _ = read_parts([[read[index] for index in group] for group in groups], options, None,
+                              progress=progress, workers=workers)
+        parts.extend(group_part for group_part, _ in again)
+    del results
+    for file_part in parts:
         shared = [rank for rank in file_part.ranks if rank in part.ranks or rank in part.unfinished]
         for rank in shared:
             file_part.unfinished.add(rank)
@@ -231,6 +249,8 @@ def report_files(
             part.ranks.pop(rank, None)
             file_part.ranks.pop(rank)
         part.update(file_part)
+    problems.extend(duplicates_problem(str(path), part.duplicates[str(path)]) for path in read
+                    if str(path) in part.duplicates)
     if part.unfinished:
         _recompute(part, sorted(part.unfinished), owners, read, options, problems)
     if files and not part.span_count:
@@ -238,6 +258,33 @@ def report_files(
                                 None, "no spans found"))
     return assemble(part, problems, ideal_step_time_s=ideal_step_time_s,
                     straggler_threshold=straggler_threshold, straggler_window=straggler_window)
+
+
+def _together(parts: Sequence[Part]) -> list[list[int]]:
+    """Files to read again as one stream, by index: those sharing a rank or a process, each group in time order.
+
+    The file exporter writes one file per rank, so there are usually none. A rank in several files
+    needs its spans together to be accounted; a process in several (a file rotated, a retry or a
+    replay written to another file, a concatenation beside its pieces) may have written the same
+    spans to each. In time order (by first span), a rank's rotated files read as one stream.
+    """
+    parent = list(range(len(parts)))
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    first: dict[object, int] = {}
+    for index, part in enumerate(parts):
+        for shared in [("rank", rank) for rank in set(part.ranks) | part.unfinished] + list(part.resources):
+            parent[root(index)] = root(first.setdefault(shared, index))
+    groups: dict[int, list[int]] = {}
+    for index in range(len(parts)):
+        groups.setdefault(root(index), []).append(index)
+    return [sorted(group, key=lambda index: (parts[index].start_ns is None, parts[index].start_ns or 0, index))
+            for group in groups.values() if len(group) > 1]
 
 
 def _recompute(part: Part, ranks: list[int], owners: dict[int, list[Path]], files: list[Path], options: Options,

@@ -68,6 +68,9 @@ class JobReport:
     #: Seconds the host steps waited for their batches. Beside ``data_loading`` (the time the accelerator,
     #: or on the host timeline the step, sat idle for input) it says how much of the waiting cost nothing.
     data_wait_s: float = 0.0
+    #: Spans read more than once (the same trace and span id) and counted once; ``problems`` names their files.
+    #: The streamed report's (``report_files``); ``read_paths`` says its own in its problems only.
+    duplicate_spans: int = 0
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -192,6 +195,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
         hang_episodes=part.hang.episodes(),
         hang_episode_lines=part.hang.episode_lines(),
         data_wait_s=part.data_wait_s,
+        duplicate_spans=sum(part.duplicates.values()),
     )
 
 

@@ -44,6 +44,7 @@ def report_json(report: JobReport) -> dict[str, Any]:
         "job_ids": list(report.job_ids),
         "services": list(report.services),
         "span_count": report.span_count,
+        "duplicate_spans": report.duplicate_spans,
         "start_ns": report.start_ns,
         "end_ns": report.end_ns,
         "ranks": sorted({run.key.rank for run in account.runs}),

@@ -233,12 +233,16 @@ class FileScan:
 
     ``convert`` turns one request into what the caller keeps of it and the impossible spans it
     found (as (name, why)); whatever it raises costs its line only. Iterating yields the
-    converted lines; ``problems`` holds what could not be used once iteration ends.
+    converted lines; ``problems`` holds what could not be used once iteration ends. ``offset``: where
+    the line being converted begins; ``until``: stop before the line beginning there (a file's
+    beginning read again gives the lines the first reading gave).
     """
 
     def __init__(self, path: Path, convert: Callable[[dict[str, Any]], tuple[T, list[tuple[str, str]]]],
-                 progress: Any = None, loads: Callable[[bytes], Any] = json.loads) -> None:
+                 progress: Any = None, loads: Callable[[bytes], Any] = json.loads, until: int | None = None) -> None:
         self.path = path
+        self.until = until
+        self.offset = 0
         self.problems: list[Problem] = []
         self._convert = convert
         self._progress = progress
@@ -257,9 +261,12 @@ class FileScan:
         except OSError as error:
             self.problems.append(Problem(str(self.path), None, f"cannot open: {error.strerror or error}"))
             return
-        convert, loads, progress = self._convert, self._loads, self._progress
+        convert, loads, progress, until, position = self._convert, self._loads, self._progress, self.until, 0
         with handle:
             for number, (line, size) in enumerate(_lines(handle), start=1):
+                self.offset, position = position, position + size
+                if until is not None and self.offset >= until:
+                    break
                 if progress is not None:
                     progress.update(size)
                 if line is None:
@@ -319,6 +326,12 @@ def _progress_bar(total: int, progress: bool | None) -> Any:
                 disable=None if progress is None else False)
 
 
+def duplicates_problem(path: str, count: int) -> Problem:
+    """What the report says of spans it dropped as read before: nothing is counted twice, or dropped, unsaid."""
+    return Problem(path, None, f"{count} span(s) already read (the same trace and span id: a batch exported "
+                               "twice, a file replayed, copied or concatenated); counted once")
+
+
 def _unique(records: list[SpanRecord], seen: set[str]) -> tuple[list[SpanRecord], int]:
     """``records`` not seen before (by trace and span id), and how many were."""
     unique = []
@@ -364,8 +377,7 @@ def read_paths(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None
             records.extend(file_records)
             problems.extend(file_problems)
             if duplicates:
-                problems.append(Problem(str(path), None, f"{duplicates} span(s) already read (same trace and span "
-                                        "id: a file passed twice, or a copy); counted once"))
+                problems.append(duplicates_problem(str(path), duplicates))
     finally:
         if collecting:
             gc.enable()

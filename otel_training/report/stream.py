@@ -14,34 +14,29 @@ Should a life break those assumptions (a span written further out of order
 than ``REORDER_NS``, a labelled span longer than ``LAG_NS`` ending after its
 start was folded), the result would no longer be exact: its rank is returned
 unfinished, and the caller recomputes that rank from its spans in memory.
+
+A span read before (the same trace and span id: a batch exported twice, a spool
+replayed) is dropped as it is read, before it counts anywhere (``dedupe.py``).
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
-import json
 from array import array
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import LABELLED_SPAN_NAMES, RunKey, SpanRecord, span_label
 from otel_training.analysis.goodput import Life, RunAccountant
+from otel_training.report.dedupe import SeenSpans
 from otel_training.report.digest import Part, StepColumns, alert_of, rank_part
-from otel_training.report.reader import (
-    MAX_TIME_NS,
-    MIN_TIME_NS,
-    FileScan,
-    Problem,
-    any_value,
-    attributes,
-    impossible_alert,
-    impossible_times,
-    not_strings,
-)
+from otel_training.report.reader import FileScan, Problem
+from otel_training.report.spans import Span, convert, json_loads
 
 #: How far out of end order spans may be written (one batch of a slow thread, an alert after its step).
 REORDER_NS = 60 * 10**9
@@ -51,30 +46,9 @@ LAG_NS = 30 * 60 * 10**9
 SETTLE_EVERY = 4096
 #: Spans the accounting reads in end order; the others only count, and set a life's start and end.
 ACCOUNTED = LABELLED_SPAN_NAMES | {sc.SPAN_TRAIN, sc.SPAN_ALERT}
-#: Spans whose attributes are read.
-WITH_ATTRIBUTES = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP, sc.SPAN_SAVE_CHECKPOINT,
-                             sc.SPAN_LOAD_CHECKPOINT, sc.SPAN_ALERT})
-_STATUS_ERROR = 2
-
-
-def json_loads() -> Callable[[bytes], Any]:
-    """orjson's parser where installed (the report extra: 1.2x faster to a span's values), else the standard one.
-
-    A line orjson refuses goes to the standard parser: its error names the problem as the
-    in-memory reader does, and what orjson refuses but JSON allows (integers past 64 bits) is read.
-    """
-    try:
-        import orjson
-    except ImportError:
-        return json.loads
-
-    def loads(line: bytes) -> Any:
-        try:
-            return orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return json.loads(line)
-
-    return loads
+_START, _END = itemgetter(1), itemgetter(2)
+#: ``spans.convert`` by the name ``bench/bench_report_engines.py`` imports.
+_convert = convert
 
 
 class _Life(Life):
@@ -217,75 +191,73 @@ def _step_number(value: object) -> int | None:
     return None
 
 
-_STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.STEP_DATA_WAIT_S, sc.CHECKPOINT_STEP,
-                              sc.COLLECTIVE_GROUP, sc.COLLECTIVE_OP,
-                              sc.COLLECTIVE_SEQ, sc.COLLECTIVE_COMPLETED_SEQ, sc.COLLECTIVE_STEP,
-                              sc.COLLECTIVE_WAIT_S})
+def digest_file(path: Path, **options: Any) -> tuple[Part, list[Problem]]:
+    """What one file contributes to the report, and its problems (``options``: ``digest_files``'s)."""
+    return digest_files([path], **options)
 
 
-def _some_attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The attributes of a step or checkpoint span the report reads (the rest is left unconverted)."""
-    return {item["key"]: any_value(item.get("value", {})) for item in items or () if item["key"] in _STEP_ATTRIBUTES}
-
-
-def _convert(request: dict[str, Any]) -> tuple[list[tuple[RunKey, str, str, list[tuple]]], list[tuple[str, str]]]:
-    """The spans of one request as tuples, attributes read only where the report uses them."""
-    resources = []
-    impossible: list[tuple[str, str]] = []
-    for resource_spans in request.get("resourceSpans", ()):
-        resource = attributes(resource_spans.get("resource", {}).get("attributes"))
-        key = RunKey.from_resource(resource)
-        spans = []
-        for scope_spans in resource_spans.get("scopeSpans", ()):
-            for span in scope_spans.get("spans", ()):
-                name, span_id = span["name"], span.get("spanId", "")
-                # Trace and parent ids are not read here (the in-memory reader checks them).
-                if not (type(name) is str and type(span_id) is str):
-                    raise not_strings(name=name, spanId=span_id)
-                start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
-                values = None
-                if name in WITH_ATTRIBUTES:
-                    values = attributes(span.get("attributes")) if name == sc.SPAN_ALERT else \
-                        _some_attributes(span.get("attributes"))
-                if not (MIN_TIME_NS <= start <= end <= MAX_TIME_NS) or (
-                        name == sc.SPAN_ALERT and impossible_alert(values or {})):
-                    why = impossible_times(start, end) or impossible_alert(values or {})
-                    impossible.append((name, why or ""))
-                    continue
-                status = span.get("status")
-                spans.append((name, start, end, span_id, status is not None and status.get("code") == _STATUS_ERROR,
-                              values))
-        resources.append((key, str(resource.get(sc.SERVICE_NAME, "")),
-                          str(resource.get(sc.TRAINING_ROLE, sc.ROLE_TRAINER)), spans))
-    return resources, impossible
-
-
-def digest_file(path: Path, *, window: int, evaluation_is_productive: bool = False, job_id: str | None = None,
-                progress: Any = None) -> tuple[Part, list[Problem]]:
-    """What one file contributes to the report, and its problems."""
+def digest_files(paths: Sequence[Path], *, window: int, evaluation_is_productive: bool = False,
+                 job_id: str | None = None, progress: Any = None) -> tuple[Part, list[Problem]]:
+    """What files read as one stream, in this order, contribute to the report, and their problems: a span
+    read in an earlier file is dropped from a later one, a life split over them is read in one piece."""
     collecting = gc.isenabled()
     gc.disable()  # millions of short-lived objects, no cycles: collections would only cost time
     try:
-        return _digest(path, window, evaluation_is_productive, job_id, progress)
+        return _digest(paths, window, evaluation_is_productive, job_id, progress)
     finally:
         if collecting:
             gc.enable()
 
 
-def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str | None,
+def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, job_id: str | None,
             progress: Any) -> tuple[Part, list[Problem]]:
     part = Part()
     runs: dict[RunKey, _Run] = {}
     steps: defaultdict[int, StepColumns] = defaultdict(StepColumns)
-    scan = FileScan(path, _convert, progress, loads=json_loads())
+    loads = json_loads()
+    scans: list[FileScan] = []
+
+    def history() -> Iterator[tuple[RunKey, list[Span]]]:
+        """What was read before the line being read: the files before its file, and its file up to it."""
+        for earlier in scans:
+            until = earlier.offset if earlier is scans[-1] else None
+            for resources in FileScan(earlier.path, lambda request: convert(request, None, job_id), loads=loads,
+                                      until=until):
+                yield from ((key, spans) for key, _, _, spans in resources)
+
+    seen = SeenSpans(history)
+    problems: list[Problem] = []
+    for path in paths:
+        dropped = seen.dropped
+        scan = FileScan(path, lambda request: convert(request, seen, job_id), progress, loads=loads)
+        scans.append(scan)
+        _read(scan, part, runs, steps, evaluation_is_productive)
+        problems.extend(scan.problems)
+        if seen.dropped > dropped:
+            part.duplicates[str(path)] = seen.dropped - dropped
+    lives: defaultdict[int, list[Life]] = defaultdict(list)
+    for run in runs.values():
+        life = run.finish()
+        if life is None:
+            part.unfinished.add(run.key.rank)
+        else:
+            lives[run.key.rank].append(life)
+    for rank, rank_lives in lives.items():
+        if rank not in part.unfinished:
+            part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window)
+    return part, problems
+
+
+def _read(scan: FileScan, part: Part, runs: dict[RunKey, _Run], steps: defaultdict[int, StepColumns],
+          evaluation_is_productive: bool) -> None:
+    """Every span of a file into ``part``, its lives (``runs``) and its ranks' ``steps``."""
     intervals = part.intervals
     labels = {name: span_label(name, evaluation_is_productive) for name in LABELLED_SPAN_NAMES}
     accounted, alert_name, step, device_step = ACCOUNTED, sc.SPAN_ALERT, sc.SPAN_STEP, sc.SPAN_DEVICE_STEP
     device_timed, collective_seq, hang = sc.STEP_DEVICE_TIMED, sc.COLLECTIVE_SEQ, part.hang
     for resources in scan:
         for key, service, role, spans in resources:
-            if job_id is not None and key.job_id != job_id:
-                continue
+            part.resources.add(key)
             if key.job_id:
                 part.job_ids.add(key.job_id)
             if service:
@@ -298,7 +270,7 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     run = runs[key] = _Run(key, evaluation_is_productive)
             if not spans:
                 continue
-            lo, hi = min(span[1] for span in spans), max(span[2] for span in spans)
+            lo, hi = min(map(_START, spans)), max(map(_END, spans))
             part.span_count += len(spans) - 1
             part.span(lo, hi)
             if role == sc.ROLE_TRAINER:
@@ -307,7 +279,7 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                 run.min_start = min(run.min_start, lo)
                 run.max_end = max(run.max_end, hi)
             labelled: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
-            for name, start, end, span_id, error, values in spans:
+            for name, start, end, span_id, error, values, _ in spans:
                 label = labels.get(name)
                 # Most spans of a job (substeps, phases, the user's own) only count: of them, only a
                 # failure and a stuck alert's watched name are read.
@@ -339,17 +311,6 @@ def _digest(path: Path, window: int, evaluation_is_productive: bool, job_id: str
                     run.skipped_names.add(name)
             for label, items in labelled.items():
                 intervals.extend(rank, label, items)
-    lives: defaultdict[int, list[Life]] = defaultdict(list)
-    for run in runs.values():
-        life = run.finish()
-        if life is None:
-            part.unfinished.add(run.key.rank)
-        else:
-            lives[run.key.rank].append(life)
-    for rank, rank_lives in lives.items():
-        if rank not in part.unfinished:
-            part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window)
-    return part, scan.problems
 
 
 def _alert_read(run: _Run, values: dict[str, Any]) -> None:
