@@ -169,3 +169,39 @@ def test_the_readmes_own_loop_runs_as_written_and_counts_its_data_wait_as_data_l
     assert seconds.get(sc.BADPUT_HOST_OUTSIDE_STEPS, 0.0) < 0.1
     assert seconds.get(sc.BADPUT_EVALUATION, 0.0) > 0 and report.job_steps is not None
     assert report.job_steps.count == 8
+
+
+RUN = """
+import sys, time, otel_training
+otel_training.configure(exporter="file", output_dir=sys.argv[1], offload=False)
+trainer = otel_training.TrainerProcess()
+with trainer.train():
+    for step in range(int(sys.argv[2])):
+        with trainer.step(global_step=step):
+            time.sleep(0.01)
+"""
+
+
+def test_two_runs_into_one_directory_report_the_last_one_and_name_the_other(tmp_path: Path) -> None:
+    """Issue 30 item 8: two runs into the same directory read as one job with a restart ("recovery 19.4%,
+    downtime 6.5%"). A report is of the job that ran last, the others named on standard error; --all-jobs
+    gives the old merged view, --job any one of them."""
+    import json
+
+    out = tmp_path / "traces"
+    for steps in ("3", "5"):  # the second run has 5 steps
+        done = subprocess.run([sys.executable, "-c", RUN, str(out), steps], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+    result = _cli("report", str(out), "--no-html", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    latest = json.loads(result.stdout)
+    assert len(latest["job_ids"]) == 1 and latest["steps"]["job"]["count"] == 5, latest["steps"]
+    (note,) = [line for line in result.stderr.splitlines() if "jobs" in line]
+    assert "hold 2 jobs" in note and repr(latest["job_ids"][0]) in note and "--all-jobs" in note
+    both = json.loads(_cli("report", str(out), "--no-html", "--json", "-", "--all-jobs").stdout)
+    assert len(both["job_ids"]) == 2
+    other = next(job for job in both["job_ids"] if job != latest["job_ids"][0])
+    first = json.loads(_cli("report", str(out), "--no-html", "--json", "-", "--job", other).stdout)
+    assert first["job_ids"] == [other] and first["steps"]["job"]["count"] == 3
+    assert both["runs"] == 2 and latest["runs"] == first["runs"] == 1

@@ -30,7 +30,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--chrome", metavar="FILE", help="also write a Chrome trace (Perfetto, chrome://tracing)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure of the summary as JSON (schema: "
                         "docs/report.md); - writes it to standard output instead of the summary")
-    parser.add_argument("--job", metavar="ID", help="only spans of this training.job.id")
+    parser.add_argument("--job", metavar="ID", help="only spans of this training.job.id (default: of several jobs "
+                        "in the input, the one that ran last)")
+    parser.add_argument("--all-jobs", action="store_true", help="every job in the input as one report")
     parser.add_argument("--evaluation-is-productive", action="store_true", help="count evaluation as goodput")
     parser.add_argument("--ideal-step-time", type=seconds(), default=None, metavar="SECONDS",
                         help="ideal step time (default: mean of the normal steps)")
@@ -118,7 +120,27 @@ def run(args: argparse.Namespace) -> int:
     paths = args.paths or ["./otel-traces"]
     report = report_files(paths, job_id=args.job, progress=args.progress, workers=args.workers,
                           meanwhile=prepare_plots if html else None, **options)
+    latest = _latest_job(args, report)
+    if latest is not None:  # several runs in one directory: the report of the one that ran last
+        args.job = latest
+        report = report_files(paths, job_id=latest, progress=args.progress, workers=args.workers, **options)
     return _write(args, report, paths, paths, html)
+
+
+def _latest_job(args: argparse.Namespace, report: Any) -> str | None:
+    """Of several jobs in the input (runs written into one directory), the one that ran last, said on standard
+    error with the others; None when there is one, or ``--job``/``--all-jobs`` said which (issue 30: two runs
+    read as one job with a restart, "recovery 19.4%, downtime 6.5%")."""
+    if args.job is not None or args.all_jobs or len(report.job_ends) < 2:
+        return None
+    ordered = sorted(report.job_ends, key=report.job_ends.__getitem__)
+    latest, others = ordered[-1], ordered[:-1]
+    from otel_training._text import text
+
+    print(f"otel-training report: these files hold {len(ordered)} jobs; this report is the one that ran last, "
+          f"{text(latest)!r}; the others: {', '.join(repr(text(job)) for job in reversed(others))} "
+          "(--job ID for one of them, --all-jobs for all of them as one)", file=sys.stderr)
+    return latest
 
 
 def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: list[Any], html: bool) -> int:

@@ -244,6 +244,8 @@ class Part:
 
     span_count: int = 0
     job_ids: set[str] = dataclasses.field(default_factory=set)
+    #: Each job's last span end (ns): which job of mixed inputs ran last.
+    job_ends: dict[str, int] = dataclasses.field(default_factory=dict)
     services: set[str] = dataclasses.field(default_factory=set)
     start_ns: int | None = None
     end_ns: int | None = None
@@ -276,6 +278,8 @@ class Part:
     def update(self, other: Part) -> None:
         self.span_count += other.span_count
         self.job_ids |= other.job_ids
+        for job_id, end_ns in other.job_ends.items():
+            self.job_ends[job_id] = max(end_ns, self.job_ends.get(job_id, end_ns))
         self.services |= other.services
         for value in (other.start_ns, other.end_ns):
             if value is not None:
@@ -313,6 +317,7 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
         part.hang.add(record)
         if record.run.job_id:
             part.job_ids.add(record.run.job_id)
+            part.job_ends[record.run.job_id] = max(record.end_ns, part.job_ends.get(record.run.job_id, 0))
         if record.service:
             part.services.add(record.service)
         if record.is_trainer:

@@ -71,6 +71,8 @@ class JobReport:
     #: Spans read more than once (the same trace and span id) and counted once; ``problems`` names their files.
     #: The streamed report's (``report_files``); ``read_paths`` says its own in its problems only.
     duplicate_spans: int = 0
+    #: Each job's last span end (ns), to tell which of several jobs in the input ran last.
+    job_ends: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -167,6 +169,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
     with_steps = [rank for rank in ranks if rank.durations]
     return JobReport(
         job_ids=sorted(part.job_ids),
+        job_ends=dict(part.job_ends),
         services=sorted(part.services),
         span_count=part.span_count,
         start_ns=part.start_ns or 0,

@@ -271,6 +271,8 @@ def _read(scan: FileScan, part: Part, runs: dict[RunKey, _Run], steps: defaultdi
             if not spans:
                 continue
             lo, hi = min(map(_START, spans)), max(map(_END, spans))
+            if key.job_id:
+                part.job_ends[key.job_id] = max(hi, part.job_ends.get(key.job_id, 0))
             part.span_count += len(spans) - 1
             part.span(lo, hi)
             if role == sc.ROLE_TRAINER:
