@@ -86,6 +86,7 @@ class _Run:
         self.fed_end = 0
         #: The latest end among the spans buffered so far (spans ending REORDER_NS before it are fed).
         self.pushed_end = 0
+        self.settle_at = SETTLE_EVERY
         self.broken: str | None = None
         self.failed_itself = False
         self.trained = False
@@ -107,8 +108,11 @@ class _Run:
         self.seq += 1
         if end > self.pushed_end:
             self.pushed_end = end
-        if len(self.buffer) >= SETTLE_EVERY:
+        if len(self.buffer) >= self.settle_at:
             self.settle(final=False)
+            # Spans less than REORDER_NS older than the newest stay: past SETTLE_EVERY of them (fast steps), the
+            # next settle waits for the buffer to double, or every push would sort it again (130-230 us a span).
+            self.settle_at = max(SETTLE_EVERY, 2 * len(self.buffer))
 
     def settle(self, *, final: bool) -> None:
         buffer = self.buffer
