@@ -27,7 +27,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from random import getrandbits
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -38,6 +37,7 @@ from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind
 
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
+from otel_training._ids import getrandbits
 from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE
 from otel_training.config.parsers import ConfigError
 from otel_training.pipeline.record_span import _ON_EXCEPTION, PyRecordSpan, RecordSpan, native_span_class

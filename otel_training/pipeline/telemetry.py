@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, Tracer
 
 from otel_training import semconv as sc
+from otel_training._ids import PrivateIdGenerator
 from otel_training._contain import call_contained
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
@@ -107,7 +108,8 @@ class Telemetry:
         # A stand-in for a failed configuration reads none of the environment that failed
         # (the SDK reads sampler, span limits and exemplar filter from it, and may raise).
         sdk_tracing, sdk_metrics = ({}, {}) if config_error is None else (_TRACING_DEFAULTS, _METRICS_DEFAULTS)
-        sdk_tracing = {**sdk_tracing, **(tracing or {})}
+        own_ids = {} if os.environ.get("OTEL_PYTHON_ID_GENERATOR") else {"id_generator": PrivateIdGenerator()}
+        sdk_tracing = {**own_ids, **sdk_tracing, **(tracing or {})}
         self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, **sdk_tracing)
         self.lineage = LineageSpanProcessor(
             {

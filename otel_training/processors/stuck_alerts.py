@@ -18,18 +18,18 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span, TracerProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
 
 from otel_training import semconv as sc
+from otel_training._ids import PrivateIdGenerator
 from otel_training._sdk_compat import span_pipeline, tracer_for_pipeline
 from otel_training.processors import alert_context
 from otel_training.processors.thresholds import Threshold
 
 logger = logging.getLogger("otel_training")
-_ids = RandomIdGenerator()
+_ids = PrivateIdGenerator()
 
 
 @dataclasses.dataclass(frozen=True)
