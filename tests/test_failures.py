@@ -287,6 +287,19 @@ def test_sigterm_kills_a_rank_frozen_with_the_gil_held(tmp_path: Path, open_file
     assert elapsed < 1 + 1.5, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=1)"
 
 
+def _sigterm_once_busy(process: subprocess.Popen[str]) -> float:
+    """Once ``process`` says ready and is busy holding the GIL, SIGTERM it: seconds until it died of it."""
+    try:
+        assert process.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+        _wait_busy(process, 0.2)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == -signal.SIGTERM
+        return time.monotonic() - started
+    finally:
+        _stop_group(process)
+
+
 @pytest.mark.realtime
 def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -> None:
     """Real time: the GIL held for ~1.5 s after SIGTERM (a long C call that returns), then Python
@@ -297,15 +310,7 @@ def test_a_flush_that_starts_late_still_ends_within_the_budget_of_the_signal() -
             "step_then.py", "hold-gil-then-sleep", "--exit-timeout", "3",
             env_extra={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole.getsockname()[1]}"},
         )
-        try:
-            assert process.stdout.readline().strip() == "ready"
-            _wait_busy(process, 0.2)
-            started = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=15) == -signal.SIGTERM
-            elapsed = time.monotonic() - started
-        finally:
-            _stop_group(process)
+        elapsed = _sigterm_once_busy(process)
     assert elapsed < 3 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=3)"
 
 
@@ -317,15 +322,7 @@ def test_the_wait_for_a_rank_holding_the_gil_buys_its_queued_spans_and_its_signa
     step with its signal; the process still dies of SIGTERM within the budget."""
     process = _start_in_own_group("step_then.py", "hold-gil-then-sleep", "--exit-timeout", "4", "--in-process",
                                   "--steps-before", "1000", "--step", "1000", "--output-dir", str(tmp_path))
-    try:
-        assert process.stdout.readline().strip() == "ready"
-        _wait_busy(process, 0.2)
-        started = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == -signal.SIGTERM
-        elapsed = time.monotonic() - started
-    finally:
-        _stop_group(process)
+    elapsed = _sigterm_once_busy(process)
     assert elapsed < 4 + 0.7, f"dead {elapsed:.2f} s after SIGTERM (exit_timeout_s=4)"
     steps = {span["attributes"][sc.STEP]: span for span in read_spans(tmp_path / "traces-r0.jsonl")
              if span["name"] == sc.SPAN_STEP}
