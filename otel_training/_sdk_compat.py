@@ -10,9 +10,10 @@ counted as dropped, a span exported through the slow path).
 from __future__ import annotations
 
 import contextvars
+import operator
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.attributes import BoundedAttributes
@@ -35,6 +36,9 @@ __all__ = [
     "SPAN_CONTEXT_IS_TUPLE",
     "span_fields",
     "span_pipeline",
+    "SpanSwitch",
+    "span_switch",
+    "trace_id_of",
     "tracer_for_pipeline",
 ]
 
@@ -80,6 +84,53 @@ def instrumentation_check() -> Callable[[], bool]:
         return not (current.get(key) or current.get(plain))
 
     return enabled
+
+
+class SpanSwitch(NamedTuple):
+    """The current span, read and switched in as few Python frames as the runtime context allows.
+
+    ``current()`` is ``trace.get_current_span()``; ``attach(span)`` is
+    ``context.attach(trace.set_span_in_context(span))``, returning its token; ``detach(token)`` is
+    ``context.detach(token)``. The API's calls take three to six Python frames each, and a step
+    span makes all three: on the SDK's default runtime context (one ContextVar) these make one,
+    one and none. Any other runtime context (``OTEL_PYTHON_CONTEXT``) gets the public calls.
+    """
+
+    current: Callable[[], Any]
+    attach: Callable[[Any], object]
+    detach: Callable[[Any], None]
+
+
+def span_switch() -> SpanSwitch:
+    """The ``SpanSwitch`` for the installed API (see its docstring)."""
+    from opentelemetry import context as context_api
+    from opentelemetry import trace as trace_api
+    from opentelemetry.context import Context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.trace import propagation
+
+    key = getattr(propagation, "_SPAN_KEY", None)
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if (type(key) is not str or type(runtime) is not ContextVarsRuntimeContext
+            or not isinstance(variable, contextvars.ContextVar)):
+        def public_attach(span: Any) -> object:
+            return context_api.attach(trace_api.set_span_in_context(span))
+
+        return SpanSwitch(trace_api.get_current_span, public_attach, context_api.detach)
+    invalid = trace_api.INVALID_SPAN
+    get = variable.get
+    put = variable.set
+
+    def current() -> Any:
+        return get().get(key, invalid)
+
+    def attach(span: Any) -> object:
+        values = dict(get())
+        values[key] = span
+        return put(Context(values))
+
+    return SpanSwitch(current, attach, variable.reset)
 
 
 def batch_queue_length(processor: BatchSpanProcessor) -> int | None:
@@ -195,3 +246,8 @@ def attribute_items(attributes: Any) -> Iterable[tuple[str, Any]]:
     if READS_SDK_FIELDS and type(attributes) is BoundedAttributes:
         return attributes._dict.items()
     return attributes.items()  # type: ignore[no-any-return]
+
+
+#: ``span_context.trace_id`` without the property's Python frame where the context is that tuple (one C call).
+trace_id_of: Callable[[SpanContext], int] = (
+    operator.itemgetter(0) if SPAN_CONTEXT_IS_TUPLE else operator.attrgetter("trace_id"))

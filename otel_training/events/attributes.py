@@ -187,6 +187,12 @@ def _flatten(prefix: str, content: Mapping[Any, Any], out: dict[str, Any], depth
             out[name] = converted
 
 
+#: Content keys already turned into attribute keys (``key_for`` of their encodable text): a step's
+#: ``batch_size=`` costs a dict lookup, not two calls. Bounded: a program that makes up keys refills it.
+_KEYS: dict[str, str] = {}
+_MAX_CACHED_KEYS = 1024
+
+
 def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:
     """The attribute key of a content key: alias, the key itself if namespaced, or prefixed."""
     alias = ALIASES.get(key)
@@ -218,7 +224,13 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 log_once("to_attributes:keys", "otel_training: event content with more than %d keys; "
                          "the rest are dropped", MAX_KEYS, exc_info=False)
                 break
-            name = key_for(_encodable(key) if type(key) is str else text(key), unnamed_prefix)
+            name = _KEYS.get(key) if type(key) is str and unnamed_prefix is CONTENT_PREFIX else None
+            if name is None:
+                name = key_for(_encodable(key) if type(key) is str else text(key), unnamed_prefix)
+                if type(key) is str and unnamed_prefix is CONTENT_PREFIX:
+                    if len(_KEYS) >= _MAX_CACHED_KEYS:
+                        _KEYS.clear()
+                    _KEYS[key] = name
             if type(value) is float or type(value) is bool:
                 out[name] = value  # the common case, kept cheap
             elif type(value) is int:

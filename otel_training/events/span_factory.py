@@ -17,6 +17,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._sdk_compat import trace_id_of
 from otel_training._text import text
 from otel_training.events.runtime import EventsRuntime
 
@@ -27,7 +28,7 @@ def start_span(rt: EventsRuntime, name: str, *, context: Context | None = None,
     """A span of ``rt``'s tracer; ``charge``: count it in its trace's budget."""
     span = rt.tracer.start_span(name, context=context, attributes=attributes, links=links, start_time=start_time)
     if charge:
-        rt.charge(span.get_span_context().trace_id)
+        rt.charge(trace_id_of(span.get_span_context()))
     return span
 
 

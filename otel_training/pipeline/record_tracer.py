@@ -38,7 +38,7 @@ from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
 from otel_training._ids import getrandbits
-from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE
+from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE, span_switch
 from otel_training.config.parsers import ConfigError
 from otel_training.pipeline.record_span import _ON_EXCEPTION, PyRecordSpan, RecordSpan, native_span_class
 from otel_training.pipeline.records import (BEGIN, SCOPE, Emit, FastRecords, encode, encode_links,
@@ -50,6 +50,9 @@ logger = logging.getLogger("otel_training")
 #: parent's random-trace-id bit. Made once: the hot path only looks them up.
 _ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _ROOT_FLAGS}
+#: ``trace.get_current_span()`` in one Python frame (``_sdk_compat.span_switch``).
+_CURRENT_SPAN = span_switch().current
+_INTERNAL = SpanKind.INTERNAL  # an Enum's __hash__ is a Python call: the usual kind is compared first
 _KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
 
 
@@ -79,10 +82,12 @@ class RecordTracer(trace_api.Tracer):
             stamp = lineage.stamp
             if stamp:  # over the span's own, as the lineage processor's on_start would
                 attributes = {**attributes, **stamp} if attributes else dict(stamp)
-        parent: SpanContext | None = trace_api.get_current_span(context).get_span_context()
+        parent: SpanContext | None = (_CURRENT_SPAN() if context is None
+                                      else trace_api.get_current_span(context)).get_span_context()
         begin_span = provider.begin_span
         if begin_span is not None and not links:  # the C core: the begin record and the span in one call
-            span = begin_span(provider, name, kind, _KIND_VALUES.get(kind, 0), attributes or None, self._scope,
+            span = begin_span(provider, name, kind, 0 if kind is _INTERNAL else _KIND_VALUES.get(kind, 0),
+                              attributes or None, self._scope,
                               parent, start_time, _ON_EXCEPTION if record_exception is True and
                               set_status_on_exception is True else (record_exception, set_status_on_exception))
             if span is not None:

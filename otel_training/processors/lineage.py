@@ -17,6 +17,10 @@ from opentelemetry.util.types import AttributeValue
 class LineageSpanProcessor(SpanProcessor):
     def __init__(self, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._attributes: dict[str, AttributeValue] = dict(attributes or {})
+        #: The lineage now, without a copy, for a tracer that stamps spans itself (the offloaded pipeline's
+        #: record tracer, whose spans no processor of this process sees): an attribute, not a property, since
+        #: that tracer reads it on every span. Never mutated: ``set`` replaces it.
+        self.stamp: Mapping[str, AttributeValue] = self._attributes
 
     def set(self, attributes: Mapping[str, AttributeValue | None]) -> None:
         """Replace the lineage; a ``None`` value removes that key."""
@@ -27,16 +31,11 @@ class LineageSpanProcessor(SpanProcessor):
             else:
                 updated[key] = value
         self._attributes = updated  # one reference swap: readers never see a half update
+        self.stamp = updated
 
     @property
     def attributes(self) -> dict[str, AttributeValue]:
         return dict(self._attributes)
-
-    @property
-    def stamp(self) -> Mapping[str, AttributeValue]:
-        """The lineage now, without a copy, for a tracer that stamps spans itself (the offloaded pipeline's
-        record tracer, whose spans no processor of this process sees). Never mutated: ``set`` replaces it."""
-        return self._attributes
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if self._attributes:
