@@ -189,8 +189,12 @@ def _flatten(prefix: str, content: Mapping[Any, Any], out: dict[str, Any], depth
 
 #: Content keys already turned into attribute keys (``key_for`` of their encodable text): a step's
 #: ``batch_size=`` costs a dict lookup, not two calls. Bounded: a program that makes up keys refills it.
-_KEYS: dict[str, str] = {}
+#: ``Duration`` reads it for its inline path.
+CACHED_KEYS: dict[str, str] = {}
+_KEYS = CACHED_KEYS
 _MAX_CACHED_KEYS = 1024
+#: Integers in [-INT64_LIMIT, INT64_LIMIT) are attribute values as they are; others become their text.
+INT64_LIMIT = 1 << 63
 
 
 def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:

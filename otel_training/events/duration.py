@@ -27,9 +27,11 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained, log_once
 from otel_training._sdk_compat import span_switch, trace_id_of
-from otel_training.events.attributes import text, to_attributes
+from otel_training.events.attributes import CACHED_KEYS as _PLAIN_KEYS
+from otel_training.events.attributes import INT64_LIMIT as _INT64_LIMIT
+from otel_training.events.attributes import MAX_KEYS, text, to_attributes
 from otel_training.events.runtime import EventsRuntime
-from otel_training.events.span_factory import record_error, start_span
+from otel_training.events.span_factory import record_error, start_child, start_span
 from otel_training.events.values import SPAN as SPAN_VALUES
 from otel_training.events.values import defer_or_describe
 
@@ -66,6 +68,7 @@ class Duration:
         "_late",
         "_ended",
         "_runtime",
+        "_device_step",
     )
 
     def __init__(
@@ -87,9 +90,24 @@ class Duration:
         #: One-element device tensors in the content, read once computed (``values.py``); None: none.
         self._late: list[tuple[str, Any]] | None = None
         if content:
-            late: list[tuple[str, Any]] = []
-            attrs.update(to_attributes(content, late=late))
-            self._late = late or None
+            # The usual content (a step's batch size, a loss as a float) inline: keys already seen, plain
+            # numbers. Anything else (or a user's odd mapping) is converted whole by to_attributes.
+            plain: dict[str, Any] | None = {} if type(content) is dict and len(content) <= MAX_KEYS else None
+            if plain is not None:
+                for key, value in content.items():
+                    name = _PLAIN_KEYS.get(key) if type(key) is str else None
+                    kind = type(value)
+                    if name is None or not (kind is float or kind is bool
+                                            or (kind is int and -_INT64_LIMIT <= value < _INT64_LIMIT)):
+                        plain = None
+                        break
+                    plain[name] = value
+            if plain is not None:
+                attrs.update(plain)
+            else:
+                late: list[tuple[str, Any]] = []
+                attrs.update(to_attributes(content, late=late))
+                self._late = late or None
         self._attributes = attrs
         self._span: Span | None = None
         self._token: object | None = None
@@ -100,6 +118,8 @@ class Duration:
         self._ended = False
         #: The runtime its span was begun in (its process's: the pipeline's, or an injected provider's).
         self._runtime: EventsRuntime | None = None
+        #: A step timed on the device's timeline (``StepDuration``): (timeline, its step), ended with the span.
+        self._device_step: tuple[Any, Any] | None = None
 
     # -- the span -----------------------------------------------------------
     @property
@@ -131,11 +151,15 @@ class Duration:
                 rt = self._process.events_runtime()
             self._runtime = rt
             parent = _CURRENT.get()
+            current = _SWITCH.current()
             context = None
-            if parent is not None and parent._span is not None and _SWITCH.current() is parent._span:
+            if parent is not None and parent._span is not None and current is parent._span:
                 context = parent._context_for_child(rt)
             # only a trace with a parent Duration in it can outgrow its budget
-            span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=parent is not None)
+            if context is None:  # a child of the current span (the usual case: one read of the context)
+                span = start_child(rt, self.name, current, self._attributes, parent is not None)
+            else:  # the parent continues in a new trace segment
+                span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=True)
             self._span = span
             if not detached:
                 self._token = _SWITCH.attach(span)
@@ -199,6 +223,14 @@ class Duration:
 
     def end(self) -> None:
         """End the span (status unset unless ``success``/``fail`` said otherwise)."""
+        pending = self._device_step
+        if pending is not None:  # a step timed on the device's timeline: its device end marker first
+            self._device_step = None
+            try:
+                pending[0].end_step(pending[1])
+            except Exception:  # noqa: BLE001
+                log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
+                         "training continues")
         try:
             span = self._span
             if span is None or self._ended:

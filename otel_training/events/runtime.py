@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -20,6 +21,7 @@ from otel_training import semconv as sc
 from otel_training._version import __version__
 from otel_training.pipeline import configure as _pipeline
 from otel_training.events.values import PendingValues
+from otel_training.pipeline.record_tracer import RecordTracer
 from otel_training.pipeline.telemetry import Telemetry
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
@@ -74,6 +76,10 @@ class EventsRuntime:
     def __init__(self, telemetry: Telemetry, tracer: Tracer | None = None) -> None:
         self.telemetry = telemetry
         self.tracer = tracer if tracer is not None else telemetry.tracer
+        #: The offloaded pipeline's ``RecordTracer.start_child`` (a child of a current span already read),
+        #: else None: any other tracer starts its spans through ``start_span``.
+        self.start_child: Callable[[str, Span, Mapping[str, Any] | None], Span] | None = (
+            self.tracer.start_child if isinstance(self.tracer, RecordTracer) else None)
         self.max_spans: int = telemetry.options["trace_max_spans"]
         self.max_age_s: float = telemetry.options["trace_max_age_s"]
         # trace_id -> [spans begun in it through this API, monotonic start]

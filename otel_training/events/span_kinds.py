@@ -7,19 +7,14 @@ device timeline that the time between steps is not a hang.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._sdk_compat import trace_id_of
-from otel_training.events import device as _device
 from otel_training.events import device_probe
 from otel_training.events.duration import _CURRENT, Duration
 from otel_training.events.runtime import EventsRuntime
-
-if TYPE_CHECKING:
-    from otel_training.events.process import Process
 
 
 class StepDuration(Duration):
@@ -33,15 +28,10 @@ class StepDuration(Duration):
     plain Duration plus one attribute read.
     """
 
-    __slots__ = ("_device_step",)
+    __slots__ = ()
 
     #: A phase of a step is a plain Duration (the device timeline times whole steps).
     _STAGE_CLASS = Duration
-
-    def __init__(self, process: Process, name: str, content: Mapping[str, Any] | None = None, *,
-                 event_name: str | None = None, attributes: dict[str, Any] | None = None) -> None:
-        Duration.__init__(self, process, name, content, event_name=event_name, attributes=attributes)
-        self._device_step: tuple[_device.DeviceTimeline, Any] | None = None
 
     def begin(self) -> Duration:
         return self._begin_step(False)
@@ -106,19 +96,6 @@ class StepDuration(Duration):
             self._device_step = (timeline, step)  # type: ignore[assignment]
         return self
 
-    def end(self) -> None:
-        pending = self._device_step
-        if pending is not None:
-            self._device_step = None
-            try:
-                pending[0].end_step(pending[1])
-            except Exception:  # noqa: BLE001
-                log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
-                         "training continues")
-        super().end()
-
-    def _init_state(self) -> None:
-        self._device_step = None
 
 
 class HostWork(Duration):

@@ -129,6 +129,25 @@ class RecordTracer(trace_api.Tracer):
         return PyRecordSpan(provider, SpanContext(trace_id, span_id, False, flags, trace_state), parent, name, kind,
                             start_time, attributes, (record_exception, set_status_on_exception))
 
+    def start_child(self, name: str, current: trace_api.Span, attributes: Mapping[str, Any] | None = None
+                    ) -> trace_api.Span:
+        """``start_span(name, attributes=attributes)`` for a caller that has just read the current span
+        (``current``): a child of it, made without reading the context again (the events API's steps)."""
+        provider = self._provider
+        begin_span = provider.begin_span
+        if begin_span is not None:
+            lineage = provider.lineage
+            stamped = attributes
+            if lineage is not None:
+                stamp = lineage.stamp
+                if stamp:
+                    stamped = {**attributes, **stamp} if attributes else dict(stamp)
+            span = begin_span(provider, name, _INTERNAL, 0, stamped or None, self._scope, current.get_span_context(),
+                              None, _ON_EXCEPTION)
+            if span is not None:
+                return span
+        return self.start_span(name, attributes=attributes)
+
     @contextmanager  # type: ignore[override]
     def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
                               attributes: Mapping[str, Any] | None = None, links: Sequence[Link] | None = None,
