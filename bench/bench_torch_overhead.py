@@ -203,12 +203,12 @@ def split(args: argparse.Namespace) -> None:
     from otel_training.integrations.torch import steps
 
     tracker = steps.StepTracker
-    shipped = {name: getattr(tracker, name) for name in (*HOOKS, "_open", "close")}
+    shipped = {name: getattr(tracker, name) for name in (*HOOKS, "_open", "_close")}
 
     def nothing(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def open_bare(self: Any, awaiting_input: bool = False) -> None:
+    def open_bare(self: Any, awaiting_input: bool = False, rt: Any = None) -> None:
         self._step, self._ctx = object(), None
 
     def close_bare(self: Any) -> None:
@@ -220,7 +220,7 @@ def split(args: argparse.Namespace) -> None:
 
     variants: dict[str, dict[str, Any] | None] = {
         "plain": None, "hooks only": dict.fromkeys(HOOKS, nothing),
-        "no spans": {"_open": open_bare, "close": close_bare}, "full": {},
+        "no spans": {"_open": open_bare, "_close": close_bare}, "full": {},
     }
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as output:

@@ -49,22 +49,20 @@ class LoopSpans:
         self._epoch: Duration | None = None
         self._epoch_iterator: weakref.ReferenceType[Any] | None = None
         self._epochs = 0
-        #: Where the innermost open one is current (None: none is open, the caller's context).
-        self._context: contextvars.Context | None = None
+        #: The context the loop's work begins in: its epoch's or its train span's, or None (the caller's).
+        #: An attribute, not a property: the step tracker reads it on every step. Read-only outside.
+        self.context: contextvars.Context | None = None
         self._train_context: contextvars.Context | None = None
         #: The user's own spans frame the loop: no train or epoch of ours.
         self.declined = False
-        self._evaluation: Duration | None = None
-
-    @property
-    def context(self) -> contextvars.Context | None:
-        """The context the loop's work begins in: its epoch's or its train span's, or None (the caller's)."""
-        return self._context
+        #: The open ``training.evaluate`` span, if any (read-only outside: the step tracker ends it through
+        #: ``end_evaluation`` when one is open, without a call on every step).
+        self.evaluation: Duration | None = None
 
     @property
     def span(self) -> Span | None:
         """The innermost open one's span, for work recorded after the fact (a data wait outside any step)."""
-        innermost = self._evaluation or self._epoch or self._train
+        innermost = self.evaluation or self._epoch or self._train
         return innermost.span if innermost is not None else None
 
     def training(self) -> None:
@@ -78,7 +76,7 @@ class LoopSpans:
         train = self._trainer.train(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
         train.begin_detached()
         self._train = train
-        self._context = self._train_context = train.context()
+        self.context = self._train_context = train.context()
 
     def fetched(self, iterator: Any) -> None:
         """A training fetch from ``iterator``: a new iterator is a new epoch (the previous one ends)."""
@@ -92,7 +90,7 @@ class LoopSpans:
         self._train_context.run(epoch.begin_detached)
         self._epochs += 1
         self._epoch = epoch
-        self._context = epoch.context()
+        self.context = epoch.context()
         try:
             self._epoch_iterator = weakref.ref(iterator)
         except TypeError:  # an iterator without weak references: kept by identity until the next one
@@ -102,21 +100,21 @@ class LoopSpans:
         epoch, self._epoch, self._epoch_iterator = self._epoch, None, None
         if epoch is not None:
             epoch.end()
-            self._context = self._train_context
+            self.context = self._train_context
 
     def begin_evaluation(self) -> None:
         """A ``training.evaluate`` span from the first batch fetched without gradients after a step until the
         next step opens: host work, so the time between steps it covers is no hang (``host_gaps.py``), and
         goodput counts it as evaluation."""
-        if self._evaluation is None:
-            self._evaluation = self._trainer.evaluate(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
-            if self._context is None:
-                self._evaluation.begin_detached()
+        if self.evaluation is None:
+            self.evaluation = self._trainer.evaluate(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
+            if self.context is None:
+                self.evaluation.begin_detached()
             else:
-                self._context.run(self._evaluation.begin_detached)
+                self.context.run(self.evaluation.begin_detached)
 
     def end_evaluation(self) -> None:
-        evaluation, self._evaluation = self._evaluation, None
+        evaluation, self.evaluation = self.evaluation, None
         if evaluation is not None:
             evaluation.end()
 
@@ -124,6 +122,6 @@ class LoopSpans:
         """Training ends (the pipeline closes, the instrumentation is removed)."""
         self.end_evaluation()
         self.end_epoch()
-        train, self._train, self._context, self._train_context = self._train, None, None, None
+        train, self._train, self.context, self._train_context = self._train, None, None, None
         if train is not None:
             train.end()

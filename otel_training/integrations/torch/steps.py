@@ -79,6 +79,9 @@ class StepTracker(Dormancy):
         self._just_closed = False
         self._forward_handle: Any = None
         self._telemetry: Any = None
+        #: The runtime steps are made in, until its pipeline closes (``_pipeline_closing`` forgets it): looked up
+        #: once, not on every step.
+        self._rt: EventsRuntime | None = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
         #: Whether a DataLoader iterator has nothing left (``loader_length.py``).
@@ -120,12 +123,16 @@ class StepTracker(Dormancy):
                  f"StepTracker.{hook}")
 
     # -- opening and closing ----------------------------------------------
-    def _open(self, awaiting_input: bool = False) -> None:
-        """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``."""
-        self.loop.end_evaluation()
-        self._disarm_forward()
+    def _open(self, awaiting_input: bool = False, rt: EventsRuntime | None = None) -> None:
+        """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``;
+        ``rt``: the runtime, when the caller has just begun training work (``_training``)."""
+        if self.loop.evaluation is not None:
+            self.loop.end_evaluation()
+        if self._forward_handle is not None:
+            self._disarm_forward()
         self._just_closed = False
-        rt = self._training()
+        if rt is None:
+            rt = self._training()
         step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
         loop = self.loop.context
         if loop is None:
@@ -138,10 +145,14 @@ class StepTracker(Dormancy):
 
     def _training(self) -> EventsRuntime:
         """Training work: the run's ``training.train`` begins once, and everything ends when the pipeline closes."""
-        rt = self.trainer.events_runtime()
-        if rt.telemetry is not self._telemetry:
-            self._telemetry = rt.telemetry
-            rt.telemetry.on_shutdown(self._pipeline_closing)
+        rt = self._rt
+        if rt is None:
+            rt = self.trainer.events_runtime()
+            if rt.telemetry is not self._telemetry:
+                self._telemetry = rt.telemetry
+                rt.telemetry.on_shutdown(self._pipeline_closing)
+            if not rt.telemetry.is_shut_down:  # a closed pipeline's runtime is asked again next time
+                self._rt = rt
         self.loop.training()
         return rt
 
@@ -228,9 +239,9 @@ class StepTracker(Dormancy):
                     step = None
                 if step is None and not exhausted:
                     if torch.is_grad_enabled():
-                        self._training()
+                        rt = self._training()
                         self.loop.fetched(iterator)
-                        self._open(awaiting_input=True)
+                        self._open(True, rt)
                     elif self._number:  # batches without gradients after training began: an evaluation
                         self.loop.begin_evaluation()
                 self._fetched = self._step is not None
@@ -308,15 +319,19 @@ class StepTracker(Dormancy):
                 self.claim_if_dormant()
             if not self._here():
                 return
-            self._boundary(fetch=False)
-            if self._step is None:
+            step = self._step
+            if step is not None and self._complete and not self._fetched:  # _boundary(fetch=False), inline
+                self._close()
+                step = None
+            if step is None:
                 self._open()
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("backward_begin")
 
     def backward_end(self) -> None:
         try:
-            if self._step is not None and self._here():
+            # A step is open only while the tracker records (never dormant or suspended): the thread decides.
+            if self._step is not None and threading.get_ident() == self._owner:
                 self._backward_ends.append(time.time_ns())
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("backward_end")
@@ -374,6 +389,7 @@ class StepTracker(Dormancy):
 
     def _pipeline_closing(self) -> None:
         """The pipeline shuts down: the open evaluation, step, epoch and training end (exported, not lost)."""
+        self._rt = None
         self.loop.end_evaluation()
         self.close()
         self.loop.close()
