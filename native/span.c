@@ -123,6 +123,26 @@ static PyObject *span_end(SpanCore *self, PyObject *const *args, Py_ssize_t narg
     return PyObject_CallMethod((PyObject *)self, "_end_record", "O", self->end_time);
 }
 
+/* set_attributes(attributes): as RecordSpan.set_attributes (kept in ``_updates`` while recording; the drain
+ * checks the values). In C because a step sets its counts on every span it ends. */
+static PyObject *span_set_attributes(SpanCore *self, PyObject *attributes) {
+    if (!absent(self->end_time) || attributes == Py_None) Py_RETURN_NONE;
+    int truth = PyObject_IsTrue(attributes);
+    if (truth < 0) return NULL;
+    if (truth == 0) Py_RETURN_NONE;
+    if (self->updates == NULL || self->updates == Py_None) {
+        PyObject *fresh = PyDict_New();
+        if (fresh == NULL) return NULL;
+        Py_XSETREF(self->updates, fresh);
+    }
+    if (!PyDict_CheckExact(self->updates)) return PyObject_CallMethod(self->updates, "update", "O", attributes);
+    if (PyDict_CheckExact(attributes)) {
+        if (PyDict_Update(self->updates, attributes) < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    return PyObject_CallMethod(self->updates, "update", "O", attributes); /* a Mapping, or pairs: dict.update's */
+}
+
 static PyObject *span_get_span_context(SpanCore *self, PyObject *unused) {
     (void)unused;
     return Py_NewRef(self->context == NULL ? Py_None : self->context);
@@ -137,6 +157,7 @@ static PyMethodDef span_methods[] = {
     {"end", (PyCFunction)(void (*)(void))span_end, METH_FASTCALL | METH_KEYWORDS,
      "end(end_time=None): end the span (once); its end record goes to the ring"},
     {"get_span_context", (PyCFunction)span_get_span_context, METH_NOARGS, NULL},
+    {"set_attributes", (PyCFunction)span_set_attributes, METH_O, "set_attributes(attributes): kept while recording"},
     {"is_recording", (PyCFunction)span_is_recording, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -141,6 +141,41 @@ def test_an_end_with_more_than_attributes_is_the_marshal_record_the_python_span_
     assert float_end[2] == 12.5  # carried as given; the drain's record check judges it
 
 
+@pytest.mark.parametrize("given", [{"a": 1}, {}, None, [("a", 1), ("b", "x")], "mapping"])
+def test_set_attributes_in_c_keeps_what_the_python_span_keeps(rig: Rig, given: Any) -> None:
+    """``SpanCore.set_attributes`` is C (a step sets its counts on every span it ends): the same as
+    ``RecordSpan.set_attributes`` for a dict, nothing, pairs and a Mapping, and nothing once ended."""
+    from types import MappingProxyType
+
+    if given == "mapping":
+        given = MappingProxyType({"m": 2})
+    spans = [rig.tracer.start_span("c"), PyRecordSpan(rig.provider, SpanContext(1, 2, False), None, "py",
+                                                       SpanKind.INTERNAL, 1, {"s": 0}, (True, True))]
+    assert type(spans[0]).__name__ == "NativeRecordSpan"
+    for span in spans:
+        span.set_attributes({"first": True})
+        span.set_attributes(given)
+        span.end(50)
+        span.set_attributes({"late": 1})  # ended: ignored by both
+    native, python = (dict(span._updates or {}) for span in spans)  # noqa: SLF001 - what each end record carries
+    assert native == python and "late" not in native and native["first"] is True
+    ends = _spans(rig.records(), END)
+    assert ends[0][3] == native  # the C end record carries them
+
+
+def test_start_child_makes_the_child_start_span_makes_under_the_current_span(rig: Rig) -> None:
+    parent = rig.tracer.start_span("parent")
+    with trace.use_span(parent):
+        by_start = rig.tracer.start_span("a", attributes={"k": 1})
+    by_child = rig.tracer.start_child("b", parent, {"k": 1})
+    root = rig.tracer.start_child("root", trace.INVALID_SPAN, None)
+    for span in (by_start, by_child):
+        assert type(span) is type(by_start) and span.parent == parent.get_span_context()
+        assert span.get_span_context().trace_id == parent.get_span_context().trace_id
+        assert span.attributes == {"k": 1}
+    assert root.parent is None and root.get_span_context().trace_id != parent.get_span_context().trace_id
+
+
 def test_where_c_does_not_apply_the_python_path_makes_the_span(rig: Rig) -> None:
     state = TraceState([("vendor", "value")])
     with_state = NonRecordingSpan(SpanContext(5, 6, True, TraceFlags(TraceFlags.SAMPLED), state))

@@ -230,15 +230,24 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
         return [span for span in _exported(telemetry)
                 if span["name"] == sc.SPAN_ALERT and span["attributes"][sc.ALERT_KIND] == kind]
 
+    def with_stacks() -> list[dict[str, Any]]:
+        return [alert for alert in alerts(sc.ALERT_KIND_STUCK) if sc.ALERT_STACKS in alert["attributes"]]
+
     with trainer.step(global_step=7):
-        assert wait_until(lambda: alerts(sc.ALERT_KIND_STUCK), timeout_s=30)
-    # the first alert (a slow machine, or the sanitizer build, may add repeats at 2x, 4x... the threshold)
+        # Repeats come at 2x, 4x... the threshold while it stays stuck, each asking for the stacks again.
+        assert wait_until(with_stacks, timeout_s=30)
+    # the first alert (a slow machine, or the sanitizer build, may add repeats)
     (stuck,) = [alert for alert in alerts(sc.ALERT_KIND_STUCK) if not alert["attributes"].get(sc.ALERT_REPEAT)]
     assert stuck["attributes"][sc.STEP] == 7
-    # The training process's stacks, asked for by the drain: this test is where the step is stuck.
-    stacks = stuck["attributes"][sc.ALERT_STACKS]
-    assert "test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck" in stacks and "wait_until" in stacks
-    assert "otel-training-responder" not in stacks and sc.ALERT_STACKS_ERROR not in stuck["attributes"]
+    # The training process's stacks, asked for by the drain: this test is where the step is stuck. The drain
+    # waits 30 ms for them and then alerts on time without them, saying why (seen on this 2-core machine
+    # under load: the first alert's answer came late, a repeat's in time).
+    first = stuck["attributes"]
+    assert sc.ALERT_STACKS in first or "did not send its stacks within 30 ms" in first[sc.ALERT_STACKS_ERROR]
+    stacks = with_stacks()[0]["attributes"]
+    assert stacks[sc.STEP] == 7 and sc.ALERT_STACKS_ERROR not in stacks
+    assert "test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck" in stacks[sc.ALERT_STACKS]
+    assert "wait_until" in stacks[sc.ALERT_STACKS] and "otel-training-responder" not in stacks[sc.ALERT_STACKS]
     assert wait_until(lambda: alerts(sc.ALERT_KIND_RECOVERED), timeout_s=30)
 
 

@@ -142,3 +142,29 @@ def test_no_module_but_sdk_compat_reaches_into_opentelemetry_internals() -> None
     uses = [use for path in sorted(PACKAGE.rglob("*.py")) if path.name != "_sdk_compat.py"
             for use in _private_otel_uses(path)]
     assert uses == []
+
+
+def test_span_switch_reads_and_switches_the_current_span_as_the_api_does() -> None:
+    """``span_switch`` goes around the API's frames on the default runtime context: the same current span, the
+    same context after attach and detach, and the API sees what it set."""
+    from opentelemetry import context as context_api
+    from opentelemetry import trace as trace_api
+    from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+    switch = _sdk_compat.span_switch()
+    assert switch.current.__qualname__.startswith("span_switch")  # the fast one, on the installed API
+    outer = NonRecordingSpan(SpanContext(1, 2, False))
+    inner = NonRecordingSpan(SpanContext(1, 3, False))
+    assert switch.current() is trace_api.get_current_span() is trace_api.INVALID_SPAN
+    key_token = context_api.attach(context_api.set_value("other", 7))
+    with trace_api.use_span(outer):
+        assert switch.current() is outer
+        token = switch.attach(inner)
+        assert trace_api.get_current_span() is inner and switch.current() is inner
+        assert context_api.get_value("other") == 7  # the rest of the context is kept
+        switch.detach(token)
+        assert trace_api.get_current_span() is outer
+    context_api.detach(key_token)
+    assert switch.current() is trace_api.INVALID_SPAN
+    assert _sdk_compat.trace_id_of(SpanContext(9, 8, False)) == 9
+

@@ -152,14 +152,18 @@ class Duration:
             self._runtime = rt
             parent = _CURRENT.get()
             current = _SWITCH.current()
-            context = None
-            if parent is not None and parent._span is not None and current is parent._span:
-                context = parent._context_for_child(rt)
-            # only a trace with a parent Duration in it can outgrow its budget
-            if context is None:  # a child of the current span (the usual case: one read of the context)
+            # Only a trace with a parent Duration in it can outgrow its budget. The usual case: a child of the
+            # current span, which is its parent's and within budget (counted here), in one read of the context.
+            if parent is None or parent._span is not current:
                 span = start_child(rt, self.name, current, self._attributes, parent is not None)
-            else:  # the parent continues in a new trace segment
-                span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=True)
+            elif parent._segment is None and rt.admit(trace_id_of(current.get_span_context())):
+                span = start_child(rt, self.name, current, self._attributes, False)
+            else:  # the parent continues in a new trace segment, once its trace is over budget
+                context = parent._context_for_child(rt)
+                if context is None:
+                    span = start_child(rt, self.name, current, self._attributes, True)
+                else:
+                    span = start_span(rt, self.name, context=context, attributes=self._attributes, charge=True)
             self._span = span
             if not detached:
                 self._token = _SWITCH.attach(span)

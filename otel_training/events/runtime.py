@@ -122,6 +122,18 @@ class EventsRuntime:
             return False
         return entry[0] >= self.max_spans or time.monotonic() - entry[1] >= self.max_age_s
 
+    def admit(self, trace_id: int) -> bool:
+        """``charge(trace_id)`` unless ``over_budget(trace_id)``: True when the span was counted. A child
+        begun in its parent's trace asks once, not twice."""
+        entry = self._traces.get(trace_id)
+        if entry is None:
+            self.charge(trace_id)
+            return True
+        if entry[0] >= self.max_spans or time.monotonic() - entry[1] >= self.max_age_s:
+            return False
+        entry[0] += 1
+        return True
+
     def forget(self, trace_id: int) -> None:
         self._traces.pop(trace_id, None)
 

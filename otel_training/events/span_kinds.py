@@ -34,10 +34,10 @@ class StepDuration(Duration):
     _STAGE_CLASS = Duration
 
     def begin(self) -> Duration:
-        return self._begin_step(False)
+        return self.begin_detached(False, None, False)
 
     def __enter__(self) -> Duration:
-        self._begin_step(False)  # begin()'s work, a frame fewer: ``with trainer.step()`` is the hot path
+        self.begin_detached(False, None, False)  # begin()'s work, a frame fewer: ``with trainer.step()``
         return self
 
     def begin_awaiting_input(self) -> Duration:
@@ -45,7 +45,7 @@ class StepDuration(Duration):
 
         A host blocked for data while the device is idle is then data loading, not device time.
         """
-        return self._begin_step(awaiting_input=True)
+        return self.begin_detached(True, None, False)
 
     def input_ready(self) -> None:
         """The step's input is in: its device work starts now (after ``begin_awaiting_input``)."""
@@ -58,18 +58,15 @@ class StepDuration(Duration):
                          "device; training continues")
 
     def begin_detached(self, awaiting_input: bool = False,  # type: ignore[override]
-                       rt: EventsRuntime | None = None) -> Duration:
+                       rt: EventsRuntime | None = None, detached: bool = True) -> Duration:
         """Begin without becoming the caller's current span; ``context()`` gives a context where it is.
 
         For the torch instrumentor, whose steps open and close at hook calls: a step closed at an odd moment
         cannot leave the user's context in a wrong state, and a step with no work nested in it costs no
         context switch at all. ``awaiting_input``: as ``begin_awaiting_input``; ``rt``: the runtime, when the
-        caller has just looked it up.
+        caller has just looked it up. ``detached=False`` (``begin()``, ``with``) makes it current after all:
+        every way of beginning a step runs this one method, one frame.
         """
-        return self._begin_step(awaiting_input, rt, detached=True)
-
-    def _begin_step(self, awaiting_input: bool, rt: EventsRuntime | None = None, detached: bool = False) -> Duration:
-        """``rt``: the runtime, when the caller has just looked it up."""
         step = timeline = None
         if self._span is None:
             try:
@@ -95,7 +92,6 @@ class StepDuration(Duration):
             timeline.started(step, span)  # type: ignore[union-attr]
             self._device_step = (timeline, step)  # type: ignore[assignment]
         return self
-
 
 
 class HostWork(Duration):

@@ -232,7 +232,13 @@ class StepTracker(Dormancy):
             if self.dormant and self._still_dormant():
                 return None
             exhausted = self._lengths.exhausted(iterator)
-            if self._here():
+            here = not self.suspended  # _here(), inline (not dormant: checked above)
+            if here:
+                ident = threading.get_ident()
+                if self._owner is None:
+                    self._owner = ident
+                here = ident == self._owner
+            if here:
                 step = self._step
                 if step is not None and self._complete:  # the boundary a completed step waited for
                     self._close()
