@@ -53,4 +53,7 @@ PyObject *ot_py_span_setup(RingCore *self, PyObject *const *args, Py_ssize_t nar
 PyObject *ot_py_begin_span(RingCore *self, PyObject *const *args, Py_ssize_t nargs);
 void ot_py_span_release(RingCore *self);
 
+/* gate.c */
+extern PyTypeObject GateType;
+
 #endif

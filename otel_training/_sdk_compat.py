@@ -36,6 +36,7 @@ __all__ = [
     "SPAN_CONTEXT_IS_TUPLE",
     "span_fields",
     "span_pipeline",
+    "suppression_keys",
     "SpanSwitch",
     "span_switch",
     "trace_id_of",
@@ -51,6 +52,25 @@ def __getattr__(name: str) -> Any:
 
         return _BaseConfigurator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def suppression_keys() -> tuple[contextvars.ContextVar[Any], str, str] | None:
+    """(the runtime context's ContextVar, contrib's two suppression keys) for a check made in C (the torch
+    instrumentor's per-step wrappers, ``native/gate.c``): instrumentation is suppressed when the current
+    context holds a true value under either key, as ``is_instrumentation_enabled()`` reads it. None where the
+    API or contrib keep them otherwise (another runtime context): the Python check runs there."""
+    from opentelemetry import context as context_api
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.instrumentation import utils
+
+    key = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+    plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if (type(key) is not str or type(plain) is not str or getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY", key) is
+            not key or type(runtime) is not ContextVarsRuntimeContext or type(variable) is not contextvars.ContextVar):
+        return None
+    return variable, key, plain
 
 
 def instrumentation_check() -> Callable[[], bool]:

@@ -33,7 +33,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_training._contain import call_contained, log_once
-from otel_training._sdk_compat import instrumentation_check
+from otel_training._sdk_compat import instrumentation_check, suppression_keys
 
 _DATALOADER_ITER = "torch.utils.data.dataloader"
 _DCP = "torch.distributed.checkpoint"
@@ -103,8 +103,10 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             (optimizer_module.register_optimizer_step_post_hook, tracker.optimizer_post),
         ):
             self._undo.append(register(hook).remove)
-        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker), gated=True)
-        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker), gated=True)
+        gate = _native_gate()
+        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker, gate),
+                   gated=True)
+        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker, gate), gated=True)
         self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
         self._wrap(torch, "load", checkpoint.load_wrapper(tracker))
@@ -185,8 +187,38 @@ def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     return gated
 
 
-def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
-    """Gated itself: each fetch of a training loop passes here."""
+def _native_gate() -> Callable[..., Any] | None:
+    """A maker of the C extension's per-step wrappers (``native/gate.c``: no Python frame of ours before the
+    tracker's hooks), or None for the Python ones below: without the extension, with the ``native`` option
+    ``off`` (the pipeline's, else the environment's and config file's), or where the suppression check cannot
+    be read in C. Asked once, when torch is patched."""
+    from otel_training import _native_loader
+    from otel_training.config.options import resolve
+    from otel_training.pipeline.configure import get_telemetry
+
+    telemetry = get_telemetry()
+    try:
+        mode = telemetry.options["native"] if telemetry is not None else resolve({})["native"]
+    except Exception:  # noqa: BLE001 - a bad setting is configure()'s to report, before training
+        mode = "auto"
+    keys = suppression_keys()
+    native = _native_loader.native("off" if mode == "off" else "auto")  # "on" without it: configure() refuses
+    if native is None or keys is None:
+        return None
+    variable, key, plain = keys
+    gate_type = native.Gate
+
+    def gate(begin: Callable[..., Any], end: Callable[..., Any], fetch: bool) -> Callable[..., Any]:
+        return gate_type(begin, end, variable, key, plain, fetch)  # type: ignore[no-any-return]
+
+    return gate
+
+
+def _fetch_wrapper(tracker: Any, gate: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Gated itself: each fetch of a training loop passes here (in C with ``gate``)."""
+    if gate is not None:
+        return gate(tracker.fetch_begin, tracker.fetch_end, True)
+
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():
             return wrapped(*args, **kwargs)
@@ -202,8 +234,11 @@ def _fetch_wrapper(tracker: Any) -> Callable[..., Any]:
     return wrapper
 
 
-def _backward_wrapper(tracker: Any) -> Callable[..., Any]:
-    """Gated itself: each backward pass passes here."""
+def _backward_wrapper(tracker: Any, gate: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Gated itself: each backward pass passes here (in C with ``gate``)."""
+    if gate is not None:
+        return gate(tracker.backward_begin, tracker.backward_end, False)
+
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():
             return wrapped(*args, **kwargs)

@@ -17,7 +17,7 @@ The step span is begun detached: it nests under the user's current span (epoch,
 train) and the data-wait spans nest under it, but it never becomes the current
 span of the user's code, so a step closed at an odd moment cannot leave the
 user's context in a wrong state. Work nested in it (a checkpoint, a collective)
-runs in a private copy of the context where the step is current, made the first
+runs in a private copy of the context where the step is current (``nested_work.py``), made the first
 time a step needs one.
 
 Only one thread drives steps: the first thread that begins one. Every entry
@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ from otel_training.integrations.spans import record_span
 from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
 from otel_training.integrations.torch.loop_spans import LoopSpans
+from otel_training.integrations.torch.nested_work import NestedWork
 
 SOURCE = "torch"
 #: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
@@ -55,13 +55,11 @@ SOURCE = "torch"
 #: and a span per fetch would cost more than the wait.
 DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
-#: A begun span and the step context it was begun in (None: the caller's context).
-Token = tuple[Duration, "contextvars.Context | None"]
 #: Whether the current context allows recording (not inside ``suppress_instrumentation()``).
 instrumentation_enabled = instrumentation_check()
 
 
-class StepTracker(Dormancy):
+class StepTracker(Dormancy, NestedWork):
     """The step state machine; the instrumentor feeds it hook calls."""
 
     def __init__(self, claim: Claim | None = None, tracer_provider: TracerProvider | None = None) -> None:
@@ -275,48 +273,6 @@ class StepTracker(Dormancy):
                             events=self.trainer.events_runtime())
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("fetch_end")
-
-    @contained(default=None)
-    def span_begin(self, duration: Duration, boundary: bool) -> Token | None:
-        """Begin a checkpoint or distributed span: inside the step in progress, or after
-        closing a step that only waited for its boundary (``boundary=True``). None while dormant."""
-        if self.dormant and self._still_dormant():
-            return None
-        if self._records_here():
-            self._training()
-            if boundary:  # other host work (a checkpoint save): an evaluation before it has ended
-                self.loop.end_evaluation()
-                self._boundary(fetch=True)
-        return self._begin_in_step(duration)
-
-    def _begin_in_step(self, duration: Duration) -> Token:
-        step = self._step
-        if step is not None and threading.get_ident() == self._owner:
-            ctx = self._ctx
-            if ctx is None:
-                ctx = self._ctx = step.context()
-            ctx.run(duration.begin)
-            return duration, ctx
-        loop = self.loop.context
-        if loop is not None and threading.get_ident() == self._owner:
-            loop.run(duration.begin)
-            return duration, loop
-        duration.begin()
-        return duration, None
-
-    @contained(default=None)
-    def span_end(self, token: Token | None, error: BaseException | None = None) -> None:
-        if token is None:
-            return
-        duration, ctx = token
-        if error is not None and not isinstance(error, StopIteration):
-            end: Callable[[], None] = lambda: duration.fail(error)  # noqa: E731
-        else:
-            end = duration.end
-        if ctx is not None:
-            ctx.run(end)
-        else:
-            end()
 
     def backward_begin(self) -> None:
         """Before ``torch.autograd.backward`` (its wrapper checked suppression)."""
