@@ -395,3 +395,5 @@ GPU_SM_CLOCK_MHZ: Final = "training.gpu.sm_clock_mhz"
 GPU_POWER_W: Final = "training.gpu.power_w"
 GPU_TEMPERATURE_C: Final = "training.gpu.temperature_c"
 GPU_SAMPLE_AGE_S: Final = "training.gpu.sample_age_s"
+#: On a stuck alert: seconds since the latest GPU error the sampler saw (with ``hw.error.type``, ``training.gpu.xid``).
+GPU_ERROR_AGE_S: Final = "training.gpu.error_age_s"

@@ -39,129 +39,9 @@ from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.processors import alert_context
 from otel_training.processors.stuck_actions import RemoteStacks
 
+from fake_nvml import S, T0, Clock, FakeGpu, FakeNvml
+
 REPO = Path(__file__).resolve().parents[1]
-S = 1_000_000_000
-T0 = 1_700_000_000 * S
-
-
-class NVMLError(Exception):
-    """pynvml's error: its return code in ``value``."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-class FakeGpu:
-    def __init__(self, index: int) -> None:
-        self.uuid = f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd"
-        self.sm_clock, self.mem_clock, self.power_mw, self.temperature, self.mask = 1980, 2619, 500_000, 61, 0
-        self.ecc = [0, 0]
-        self.xids: list[int] = []
-        self.fail: dict[str, int] = {}  # NVML call -> the error code it answers
-
-
-class FakeNvml:
-    """A stand-in of pynvml's API for the calls the sampler makes, over ``gpus``."""
-
-    NVMLError = NVMLError
-
-    def __init__(self, count: int = 2) -> None:
-        self.gpus = [FakeGpu(index) for index in range(count)]
-        self.calls = 0
-
-    def _gpu(self, name: str, handle: FakeGpu) -> FakeGpu:
-        self.calls += 1
-        if name in handle.fail:
-            raise NVMLError(handle.fail[name])
-        return handle
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        return self.gpus[index]
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
-        for gpu in self.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        raise NVMLError(6)
-
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
-        return handle.uuid
-
-    def nvmlDeviceGetIndex(self, handle: FakeGpu) -> int:
-        return self.gpus.index(handle)
-
-    def nvmlDeviceGetName(self, handle: FakeGpu) -> bytes:
-        return b"NVIDIA H200"
-
-    def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> Any:
-        return SimpleNamespace(busId=f"00000000:1{self.gpus.index(handle)}:00.0")
-
-    def nvmlSystemGetDriverVersion(self) -> str:
-        return "570.124.06"
-
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return 12080
-
-    def nvmlDeviceGetMaxClockInfo(self, handle: FakeGpu, kind: int) -> int:
-        return 1980 if kind == 1 else 3201
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
-        return 700_000
-
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> Any:
-        self._gpu("memory", handle)
-        return SimpleNamespace(used=40 << 30, total=140 << 30)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
-        return SimpleNamespace(gpu=97, memory=40)
-
-    def nvmlDeviceGetClockInfo(self, handle: FakeGpu, kind: int) -> int:
-        return self._gpu("clock", handle).sm_clock if kind == 1 else handle.mem_clock
-
-    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
-        return self._gpu("power", handle).power_mw
-
-    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
-        return handle.temperature
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
-        return handle.mask | 0x1  # idle is no throttle: left out
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
-        return handle.mask
-
-    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, kind: int, counter: int) -> int:
-        return handle.ecc[kind]
-
-    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeGpu) -> int:
-        raise NVMLError(3)  # not supported: asked once
-
-    def nvmlEventSetCreate(self) -> list[FakeGpu]:
-        return []
-
-    def nvmlDeviceRegisterEvents(self, handle: FakeGpu, kinds: int, events: list[FakeGpu]) -> None:
-        events.append(handle)
-
-    def nvmlEventSetWait_v2(self, events: list[FakeGpu], timeout_ms: int) -> Any:
-        for gpu in events:
-            if gpu.xids:
-                return SimpleNamespace(eventType=0x8, eventData=gpu.xids.pop(0))
-        raise NVMLError(10)  # timeout: none pending
-
-    def nvmlEventSetFree(self, events: list[FakeGpu]) -> None:
-        events.clear()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ns = T0
-
-    def __call__(self) -> int:
-        return self.ns
 
 
 @pytest.fixture(autouse=True)
@@ -326,6 +206,29 @@ def test_stuck_alerts_carry_the_state_at_alert_time() -> None:
     assert answer.context == {**expected, "training.collective.op": "x"} and answer.stacks == "stacks"
     silent = SimpleNamespace(stacks=lambda thread_id: RemoteStacks(None, None, "no answer", None))
     assert RemoteWithGpuState(silent, state).stacks(1).context is None  # type: ignore[arg-type]
+
+
+def test_stuck_alerts_carry_the_latest_gpu_error_and_its_age() -> None:
+    """For the hang verdict (docs/gpu-state.md#in-the-verdicts): the XID, its code and how long before the alert."""
+    state, nvml, clock = _state()
+    state.sample_once()
+    assert sc.HW_ERROR_TYPE not in state.alert_context()
+    clock.ns = T0 + S
+    nvml.gpus[1].ecc = [5, 0]  # corrected: the memory doing its job, no error to name
+    state.sample_once()
+    assert sc.HW_ERROR_TYPE not in state.alert_context()
+    clock.ns = T0 + 2 * S
+    nvml.gpus[1].xids.append(79)
+    state.sample_once()
+    clock.ns = T0 + 5 * S
+    state.sample_once()  # a later sample without errors keeps the latest error
+    context = state.alert_context()
+    assert (context[sc.HW_ERROR_TYPE], context[sc.GPU_XID], context[sc.GPU_ERROR_AGE_S]) == ("xid", 79, 3.0)
+    nvml.gpus[1].fail["memory"] = 15  # then the GPU is lost
+    clock.ns = T0 + 6 * S
+    state.sample_once()
+    context = state.alert_context()
+    assert context[sc.HW_ERROR_TYPE] == sc.GPU_LOST and sc.GPU_XID not in context and context[sc.GPU_LOST] is True
 
 
 def test_started_from_options_it_samples_on_its_thread_registers_and_stops() -> None:

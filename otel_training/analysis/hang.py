@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_training import semconv as sc
-
+from otel_training.analysis.gpu import GpuView, explain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,8 @@ class RankView:
     died: bool = False
     #: Its stuck detector reported a step past its threshold that has not recovered.
     stuck: bool = False
+    #: Its GPU meanwhile (the stuck alert's device state, the errors its steps' events counted), if known.
+    gpu: GpuView | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +88,36 @@ class Verdict:
     #: Waiting rank -> the culprit ranks it waits on.
     waiting: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     summary: str = ""
+    #: Rank -> how its GPU differed from the other ranks' (``analysis/gpu.py``): each culprit's, or with no
+    #: single culprit, any rank's whose GPU differed (a likely cause the collectives cannot see).
+    gpu: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
 def verdict(ranks: Iterable[RankView]) -> Verdict:
-    """The verdict over the ranks of one job (one launch attempt)."""
+    """The verdict over the ranks of one job (one launch attempt), with what the culprits' GPUs did."""
     ranks = sorted(ranks, key=lambda r: r.rank)
+    return explain_gpu(_verdict(ranks), {r.rank: r.gpu for r in ranks})
+
+
+def explain_gpu(result: Verdict, gpus: Mapping[int, GpuView | None]) -> Verdict:
+    """``result`` with ``gpu``: each culprit's GPU against the other ranks' (or, with no single culprit, each
+    rank's against the rest), where it differed."""
+    if not result.hung or not any(view is not None for view in gpus.values()):
+        return result
+    culprits = {c.rank for c in result.culprits}
+    named = sorted(culprits) if culprits else sorted(gpus)
+    found = {}
+    for rank in named:
+        peers = [view for other, view in gpus.items() if other != rank and other not in culprits]
+        text = explain(gpus.get(rank), peers)
+        if text:
+            found[rank] = text
+    if not culprits and len(found) * 2 > len(gpus):
+        found = {}  # most ranks differ from the rest: nothing tells one apart
+    return dataclasses.replace(result, gpu=found) if found != result.gpu else result
+
+
+def _verdict(ranks: list[RankView]) -> Verdict:
     silent = [r for r in ranks if r.died or not r.alive]
     live = [r for r in ranks if not (r.died or not r.alive)]
     waiting_anywhere = any(g.pending for r in live for g in r.groups.values())
@@ -178,6 +205,10 @@ def render(result: Verdict, timelines: Mapping[int, list[str]] | None = None) ->
     if not result.hung:
         return []
     lines = [f"Hang verdict: {result.summary}"]
+    culprits = {c.rank for c in result.culprits}
+    for rank, text in sorted(result.gpu.items()):
+        lines.append(f"  rank {rank} GPU: {text}" + ("" if rank in culprits else
+                                                    " (its GPU differed from the other ranks': a likely cause)"))
     waits: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for rank, culprits in sorted(result.waiting.items()):
         waits[culprits].append(rank)

@@ -22,7 +22,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from otel_training import semconv as sc
-from otel_training.analysis.hang import Culprit, GroupView, RankView, Verdict, group_view, render, verdict
+from otel_training.analysis.gpu import GpuErrors, GpuView, alert_view
+from otel_training.analysis.hang import (Culprit, GroupView, RankView, Verdict, explain_gpu, group_view, render,
+                                         verdict)
 
 #: Stuck spans kept per rank: the longest, so the episodes that cost the most are never the ones left out.
 MAX_PER_RANK = 500
@@ -30,6 +32,9 @@ MAX_PER_RANK = 500
 REASON_SILENT = "silent_during_hang"
 #: A reason of ranks stuck outside collectives while the others were not (or a one-rank run's only rank).
 REASON_ALONE = "stuck_alone"
+#: A GPU error this long before a stuck stretch began still explains it (the fault comes before the step that
+#: never ends crosses its stuck threshold).
+LOOKBACK_NS = 60 * 10**9
 
 
 @dataclasses.dataclass
@@ -42,11 +47,15 @@ class StuckSpan:
     view: GroupView | None = None
     step: int | None = None
     died: bool = False
+    #: The GPU's state its first stuck alert carried (``analysis/gpu.py``), if any.
+    gpu: GpuView | None = None
 
     def merge(self, other: StuckSpan) -> None:
         """The same span seen in another part or from another reporter (the watchdog's, the detector's)."""
         if other.alert_ns < self.alert_ns and other.view is not None or self.view is None:
             self.view = other.view or self.view
+        if other.alert_ns < self.alert_ns and other.gpu is not None or self.gpu is None:
+            self.gpu = other.gpu or self.gpu
         self.begin_ns = min(self.begin_ns, other.begin_ns)
         self.alert_ns = min(self.alert_ns, other.alert_ns)
         if other.end_ns is not None:
@@ -86,7 +95,8 @@ def stuck_span(alert_ns: int, attributes: Mapping[str, object]) -> StuckSpan:
     return StuckSpan(begin_ns=alert_ns - max(0, elapsed_ns), alert_ns=alert_ns,
                      end_ns=alert_ns if kind == sc.ALERT_KIND_RECOVERED else None,
                      view=group_view(attributes) if kind == sc.ALERT_KIND_STUCK else None,
-                     step=step if type(step) is int else None, died=kind == sc.ALERT_KIND_DIED)
+                     step=step if type(step) is int else None, died=kind == sc.ALERT_KIND_DIED,
+                     gpu=alert_view(alert_ns, attributes) if kind == sc.ALERT_KIND_STUCK else None)
 
 
 def prune(spans: dict[str, StuckSpan], horizon_ns: int) -> None:
@@ -98,8 +108,10 @@ def prune(spans: dict[str, StuckSpan], horizon_ns: int) -> None:
         del spans[key]
 
 
-def episodes(by_rank: Mapping[int, Iterable[StuckSpan]], horizon_ns: int) -> list[Episode]:
-    """The run's episodes, oldest first (``horizon_ns``: the end of the files, for spans still stuck)."""
+def episodes(by_rank: Mapping[int, Iterable[StuckSpan]], horizon_ns: int,
+             errors: GpuErrors | None = None) -> list[Episode]:
+    """The run's episodes, oldest first (``horizon_ns``: the end of the files, for spans still stuck;
+    ``errors``: the GPU errors the ranks' steps counted, for what their GPUs did meanwhile)."""
     intervals = sorted(((span.begin_ns, span.end_ns if span.end_ns is not None else None, rank, span)
                         for rank, spans in by_rank.items() for span in spans), key=lambda item: item[0])
     found: list[Episode] = []
@@ -107,7 +119,7 @@ def episodes(by_rank: Mapping[int, Iterable[StuckSpan]], horizon_ns: int) -> lis
     group_end: int | None = -1
     for begin, end, rank, span in intervals:
         if group and group_end is not None and begin > group_end:
-            found.append(_episode(group, sorted(by_rank)))
+            found.append(_episode(group, sorted(by_rank), errors))
             group = []
         if not group:
             group_end = end
@@ -115,11 +127,29 @@ def episodes(by_rank: Mapping[int, Iterable[StuckSpan]], horizon_ns: int) -> lis
             group_end = None if end is None else max(group_end, end)
         group.append((rank, span))
     if group:
-        found.append(_episode(group, sorted(by_rank)))
+        found.append(_episode(group, sorted(by_rank), errors))
     return found
 
 
-def _episode(group: list[tuple[int, StuckSpan]], run_ranks: list[int]) -> Episode:
+def gpu_views(first: Mapping[int, StuckSpan], run_ranks: Iterable[int], begin_ns: int, end_ns: int | None,
+              errors: GpuErrors | None) -> dict[int, GpuView | None]:
+    """Each rank's GPU over a stuck stretch: its first alert's device state, with the errors counted from
+    ``LOOKBACK_NS`` before the stretch to its end (older ones explain nothing here)."""
+    views: dict[int, GpuView | None] = {}
+    for rank in run_ranks:
+        span = first.get(rank)
+        view = span.gpu if span is not None else None
+        found = [error for error in (view.errors if view is not None else ())
+                 if begin_ns - LOOKBACK_NS <= error.time_ns and (end_ns is None or error.time_ns <= end_ns)]
+        if errors is not None:
+            found.extend(errors.between(rank, begin_ns - LOOKBACK_NS, end_ns))
+        if view is not None or found:
+            view = dataclasses.replace(view or GpuView(), errors=()).with_errors(found)
+        views[rank] = view
+    return views
+
+
+def _episode(group: list[tuple[int, StuckSpan]], run_ranks: list[int], errors: GpuErrors | None = None) -> Episode:
     first: dict[int, StuckSpan] = {}
     for rank, span in sorted(group, key=lambda item: item[1].alert_ns):
         first.setdefault(rank, span)
@@ -134,8 +164,10 @@ def _episode(group: list[tuple[int, StuckSpan]], run_ranks: list[int]) -> Episod
     if result.no_single_culprit and result.seq is None and (silent or len(run_ranks) <= 1):
         result = _alone(result, views, bool(silent))
     ends = [span.end_ns for _, span in group]
-    return Episode(begin_ns=min(span.begin_ns for _, span in group),
-                   end_ns=None if any(end is None for end in ends) else max(ends),  # type: ignore[type-var]
+    begin_ns = min(span.begin_ns for _, span in group)
+    end_ns = None if any(end is None for end in ends) else max(ends)  # type: ignore[type-var]
+    result = explain_gpu(result, gpu_views(first, run_ranks, begin_ns, end_ns, errors))
+    return Episode(begin_ns=begin_ns, end_ns=end_ns,
                    ranks=tuple(sorted(first)), steps=tuple(sorted({s.step for _, s in group if s.step is not None})),
                    verdict=result)
 

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training.analysis.hang import GroupView, RankView, Verdict, group_view, render, verdict
-from otel_training.analysis.hang_episodes import (MAX_PER_RANK, Episode, StuckSpan, episodes, prune,
+from otel_training.analysis.gpu import GpuErrors
+from otel_training.analysis.hang import GroupView, RankView, Verdict, explain_gpu, group_view, render, verdict
+from otel_training.analysis.hang_episodes import (MAX_PER_RANK, Episode, StuckSpan, episodes, gpu_views, prune,
                                                   render_episodes, stuck_span)
 from otel_training.analysis.records import RunKey, SpanRecord
 
@@ -159,8 +160,9 @@ class HangTracker:
             for number, rank in by_rank.items():
                 mine.setdefault(number, _Rank()).update(rank)
 
-    def results(self) -> dict[tuple[str, str], tuple[Verdict, dict[int, list[str]]]]:
-        """Per (job id, run id): the verdict, and each rank's timeline of its last collectives."""
+    def results(self, errors: GpuErrors | None = None) -> dict[tuple[str, str], tuple[Verdict, dict[int, list[str]]]]:
+        """Per (job id, run id): the verdict, and each rank's timeline of its last collectives (``errors``: the
+        GPU errors the ranks' steps counted, for what their GPUs did since the hang began)."""
         result = {}
         for key, by_rank in sorted(self._runs.items()):
             views = []
@@ -168,10 +170,17 @@ class HangTracker:
                 view = r.view
                 views.append(RankView(number, {view.group: view} if view is not None else {}, died=r.died,
                                       stuck=r.stuck_open))
-            result[key] = (verdict(views), {number: _timeline(r) for number, r in sorted(by_rank.items())})
+            found = verdict(views)
+            if found.hung:
+                open_spans = {number: min((s for s in r.stuck_spans.values() if s.end_ns is None),
+                                          key=lambda s: s.begin_ns, default=None) for number, r in by_rank.items()}
+                first = {number: span for number, span in open_spans.items() if span is not None}
+                begin = min((span.begin_ns for span in first.values()), default=self._horizon.get(key, 0))
+                found = explain_gpu(found, gpu_views(first, sorted(by_rank), begin, None, errors))
+            result[key] = (found, {number: _timeline(r) for number, r in sorted(by_rank.items())})
         return result
 
-    def episodes(self) -> dict[tuple[str, str], list[Episode]]:
+    def episodes(self, errors: GpuErrors | None = None) -> dict[tuple[str, str], list[Episode]]:
         """Per (job id, run id) that had any: every episode of stuck ranks, with its verdict, oldest first."""
         found = {}
         for key, by_rank in sorted(self._runs.items()):
@@ -180,14 +189,14 @@ class HangTracker:
             for number, rank in by_rank.items():
                 prune(rank.stuck_spans, horizon)
                 spans[number] = list(rank.stuck_spans.values())
-            run_episodes = episodes(spans, horizon)
+            run_episodes = episodes(spans, horizon, errors)
             if run_episodes:
                 found[key] = run_episodes
         return found
 
-    def episode_lines(self) -> list[str]:
+    def episode_lines(self, errors: GpuErrors | None = None) -> list[str]:
         """The report's lines for every episode of every run, headed by its run where there are several."""
-        found = self.episodes()
+        found = self.episodes(errors)
         lines = []
         for (job_id, run_id), run_episodes in found.items():
             if len(found) > 1:
@@ -195,9 +204,9 @@ class HangTracker:
             lines.extend(render_episodes(run_episodes, self._horizon.get((job_id, run_id), 0)))
         return lines
 
-    def lines(self) -> list[str]:
+    def lines(self, errors: GpuErrors | None = None) -> list[str]:
         """The report's lines: ``render`` of each run that hung, headed by its run where there are several."""
-        hung = [(key, found) for key, found in self.results().items() if found[0].hung]
+        hung = [(key, found) for key, found in self.results(errors).items() if found[0].hung]
         lines = []
         for (job_id, run_id), (result, timelines) in hung:
             if len(hung) > 1:

@@ -29,15 +29,25 @@ logger = logging.getLogger("otel_training")
 JOINED = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 #: What the drain calls as it ends a replayed span, before ``span.end(end_ns)`` (``drain.Replayer.on_end``).
 SpanEndHook = Callable[[SDKSpan, int], None]
+#: Times the sampler asks the training process for a device's UUID before it maps the ordinal itself.
+MAX_ASKS = 3
 
 
 class GpuState:
     """Samples one device every ``interval_s`` (``start``) and joins them to the steps ending in the drain."""
 
     def __init__(self, nvml: Any, ordinal: int, interval_s: float, environ: Mapping[str, str], *,
-                 clock_ns: Callable[[], int] = time.time_ns) -> None:
+                 clock_ns: Callable[[], int] = time.time_ns, uuids: Mapping[int, str] | None = None,
+                 ask_uuid: Callable[[int], str | None] | None = None) -> None:
         self.nvml = nvml
         self.ordinal = ordinal
+        #: CUDA ordinal -> the device's UUID as the training process's torch says it (its hello, or asked with
+        #: ``ask_uuid`` once its device steps name the ordinal): NVML's device whatever the two numberings.
+        self.uuids: dict[int, str] = dict(uuids or {})
+        self.ask_uuid = ask_uuid
+        self._ask: int | None = None
+        self._asked: dict[int, int] = {}
+        self._resolved: dict[str, str | None] = {}
         self.interval_s = interval_s
         self.environ = environ
         self.clock_ns = clock_ns
@@ -56,7 +66,7 @@ class GpuState:
         if self.lost:
             return None
         try:
-            target = visible_entry(self.ordinal, self.environ)
+            target = self._target()
             if self.device is None or target != self._opened:
                 self._open(target)
             if self.device is None:
@@ -70,6 +80,38 @@ class GpuState:
             return None
         self.log.add(sample)
         return sample
+
+    def _target(self) -> int | str | None:
+        """NVML's device for CUDA ordinal ``ordinal``: by the UUID the training process gave, where it gave one
+        NVML knows; else mapped through ``CUDA_VISIBLE_DEVICES`` (docs/gpu-state.md#which-device)."""
+        ordinal = self.ordinal
+        if self._ask == ordinal and self.ask_uuid is not None and self._asked.get(ordinal, 0) < MAX_ASKS:
+            self._asked[ordinal] = self._asked.get(ordinal, 0) + 1
+            uuid = self.ask_uuid(ordinal)  # on this thread: bounded (responder.DEVICE_WAIT_S), never the drain's
+            if uuid:
+                self.uuids[ordinal] = uuid
+                self._ask = None
+        uuid = self.uuids.get(ordinal)
+        if uuid is not None:
+            if uuid not in self._resolved:
+                self._resolved[uuid] = self._nvml_uuid(uuid)
+            if self._resolved[uuid] is not None:
+                return self._resolved[uuid]
+        return visible_entry(ordinal, self.environ)
+
+    def _nvml_uuid(self, uuid: str) -> str | None:
+        """NVML's UUID of the device torch calls ``uuid`` (hex without a prefix: "GPU-" for a GPU, "MIG-" for a
+        MIG instance); None, said once, when NVML has no such device."""
+        for candidate in [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]:
+            try:
+                self.nvml.nvmlDeviceGetHandleByUUID(candidate)
+            except self.nvml.NVMLError:
+                continue
+            return candidate
+        log_once("gpu-state-uuid", "otel_training: NVML knows no device %s (the training process's CUDA device "
+                 "%d); the sampler maps the ordinal through CUDA_VISIBLE_DEVICES instead", uuid, self.ordinal,
+                 exc_info=False)
+        return None
 
     def _open(self, target: int | str | None) -> None:
         if target is None:
@@ -136,7 +178,9 @@ class GpuState:
 
     def _follow(self, label: Any) -> None:
         if isinstance(label, str) and label.startswith("cuda:") and label[5:].isdigit():
-            self.ordinal = int(label[5:])  # the sampler opens that device at its next sample
+            self.ordinal = ordinal = int(label[5:])  # the sampler opens that device at its next sample
+            if ordinal not in self.uuids:
+                self._ask = ordinal  # CUDA runs there now: the training process's torch knows its UUID
 
     def device_attributes(self) -> dict[str, Any]:
         device = self.device
@@ -159,6 +203,12 @@ class GpuState:
                            (sc.GPU_TEMPERATURE_C, sample.temperature_c)):
             if value is not None:
                 attributes[key] = value
+        error = self.log.last_error  # the hang verdict names it when it came near the stuck step's start
+        if error is not None:
+            attributes[sc.HW_ERROR_TYPE] = error[1]
+            attributes[sc.GPU_ERROR_AGE_S] = max(0.0, (self.clock_ns() - error[0]) / 1e9)
+            if error[2] is not None:
+                attributes[sc.GPU_XID] = error[2]
         return attributes
 
 

@@ -31,6 +31,9 @@ class SampleLog:
         self.last_read: Sample | None = None
         #: XID errors seen since the sampler began, by code (``hw.errors`` of type xid).
         self.xid_counts: dict[int, int] = {}
+        #: The latest serious error (an XID, uncorrected ECC errors, the GPU lost): (time, ``hw.error.type``,
+        #: XID code or None), for the stuck alerts' device state.
+        self.last_error: tuple[int, str, int | None] | None = None
 
     def add(self, sample: Sample) -> None:
         """Log ``sample``, with what began since the previous one."""
@@ -45,6 +48,11 @@ class SampleLog:
         sample.new_errors = tuple(errors)
         for code in sample.xids:
             self.xid_counts[code] = self.xid_counts.get(code, 0) + 1
+        serious = [error for error in errors if error[0] != sc.GPU_ERROR_ECC_CORRECTED]
+        if sample.lost:
+            serious.append((sc.GPU_LOST, None))
+        if serious:
+            self.last_error = (sample.time_ns, *serious[-1])
         with self._lock:
             self._samples.append(sample)
             self.latest = sample

@@ -36,8 +36,10 @@ def device_ordinal(local_rank: Any, environ: Mapping[str, str]) -> int:
 
 def start_gpu_state(options: Mapping[str, Any], resource: Mapping[str, Any], meter_provider: MeterProvider | None,
                     on_shutdown: Callable[[Callable[[], None]], None], environ: Mapping[str, str], *,
-                    nvml_loader: Callable[[], tuple[Any, str]] = load_nvml) -> GpuState | None:
-    """The sampler of this rank's device, started; None, said once in the log, where there is none to run."""
+                    nvml_loader: Callable[[], tuple[Any, str]] = load_nvml, uuids: Mapping[int, str] | None = None,
+                    ask_uuid: Callable[[int], str | None] | None = None) -> GpuState | None:
+    """The sampler of this rank's device, started; None, said once in the log, where there is none to run.
+    ``uuids`` and ``ask_uuid``: the training process's CUDA devices' UUIDs, known and to ask (``GpuState``)."""
     interval = float(options.get("gpu_state_interval_s") or 0.0)
     if interval <= 0:
         return None
@@ -52,7 +54,8 @@ def start_gpu_state(options: Mapping[str, Any], resource: Mapping[str, Any], met
     except Exception as error:  # noqa: BLE001 - an NVML that fails here fails training nothing
         logger.info("otel_training: GPU state is not sampled: NVML failed (%s)", error)
         return None
-    state = GpuState(nvml, device_ordinal(resource.get(sc.TRAINING_LOCAL_RANK), environ), interval, environ)
+    state = GpuState(nvml, device_ordinal(resource.get(sc.TRAINING_LOCAL_RANK), environ), interval, environ,
+                     uuids=uuids, ask_uuid=ask_uuid)
     if meter_provider is not None:
         register_metrics(meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL), state)
     alert_context.add(state.alert_context)

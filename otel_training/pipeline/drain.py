@@ -296,7 +296,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     watchdog = bool(hello.get("watchdog"))  # the sidecar's work is this drain's (responder.py)
     requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0,
                          py_spy=watchdog) if hello.get("requests_fd") is not None else None)
-    on_end = install_plugins(telemetry, requests, spans_of_this_process=False)
+    on_end = install_plugins(telemetry, requests, spans_of_this_process=False, device_uuids=hello.get("device_uuids"),
+                             ask_device_uuid=requests.device_uuid if requests is not None else None)
     extension = native(hello["options"]["native"])
     replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
                         requests.deliver if requests is not None else lambda request_id, stacks, context: None)

@@ -47,7 +47,7 @@ from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
 from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
-from otel_training.pipeline.responder import Responder
+from otel_training.pipeline.responder import Responder, cuda_uuid
 from otel_training.pipeline.outputs import check_output_dir
 from otel_training.pipeline.telemetry import Telemetry, _version
 
@@ -170,7 +170,8 @@ class OffloadTelemetry(Telemetry):
         hello = {"options": {**self.options, "offload": False, "watchdog": False, "pipeline_id": None,
                              "trigger_id": None, "trigger_training_id": None},
                  "resource": dict(self.resource.attributes), "schema_url": self.resource.schema_url,
-                 "pid": os.getpid(), "requests_fd": ask, "watchdog": self.options["watchdog"]}
+                 "pid": os.getpid(), "requests_fd": ask, "watchdog": self.options["watchdog"],
+                 "device_uuids": self._device_uuids()}
         assert process.stdin is not None
         try:
             process.stdin.write(pickle.dumps(hello))
@@ -179,6 +180,18 @@ class OffloadTelemetry(Telemetry):
             pass  # it died at once: found by ``_drain_alive``, its spans counted as dropped
         os.close(ring.fd)  # the drain has its own copy; the mapping keeps the memory here
         return process
+
+    def _device_uuids(self) -> dict[int, str]:
+        """{CUDA ordinal: UUID} of the rank's device, for the drain's GPU sampler, where this process already knows
+        it (CUDA initialised before the pipeline: rare; otherwise the drain asks once device steps begin, through
+        the responder). Never imports torch or initialises CUDA."""
+        if not self.options.get("gpu_state_interval_s") or "torch" not in sys.modules:
+            return {}
+        from otel_training.hardware.setup import device_ordinal
+
+        ordinal = device_ordinal(self.resource.attributes.get(sc.TRAINING_LOCAL_RANK), os.environ)
+        uuid = cuda_uuid(ordinal)
+        return {ordinal: uuid} if uuid else {}
 
     def _exit_for_stuck_action(self, code: int) -> None:
         """``stuck_action="exit"``, asked by the drain's detector: as in-process, end the open spans (the stuck

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from otel_training import semconv as sc
@@ -22,13 +23,16 @@ logger = logging.getLogger("otel_training")
 
 
 def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *,
-                    spans_of_this_process: bool = True) -> SpanEndHook | None:
+                    spans_of_this_process: bool = True, device_uuids: dict[int, str] | None = None,
+                    ask_device_uuid: Callable[[int], str | None] | None = None) -> SpanEndHook | None:
     """Processors and helpers that options turn on, each in its own module.
 
     ``spans_of_this_process`` False: the spans are another process's (the offload drain's training process),
     so this process's stacks say nothing of them; ``remote`` is then that process, when it can be asked
     (``pipeline/responder.py``): the stuck detector takes its stacks from it and acts on it. Returns what the
-    drain calls before it ends a replayed span (the GPU state's step join), or None.
+    drain calls before it ends a replayed span (the GPU state's step join), or None. ``device_uuids``: the
+    training process's CUDA devices' UUIDs it knew when it started the drain (its hello), for the sampler;
+    ``ask_device_uuid``: asks it for one later (``Requests.device_uuid``).
     """
     # The GPU's own state (issue 31, docs/gpu-state.md): sampled in the drain only, never in training.
     on_end: SpanEndHook | None = None
@@ -41,7 +45,8 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *
             from otel_training.hardware.setup import start_gpu_state
 
             gpu = call_contained(start_gpu_state, telemetry.options, telemetry.resource.attributes,
-                                 telemetry.meter_provider, telemetry.on_shutdown, os.environ)
+                                 telemetry.meter_provider, telemetry.on_shutdown, os.environ,
+                                 uuids=device_uuids, ask_uuid=ask_device_uuid)
             if gpu is not None:
                 on_end = gpu.on_span_end
                 remote = RemoteWithGpuState(remote, gpu) if remote is not None else None

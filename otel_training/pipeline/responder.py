@@ -15,6 +15,10 @@ GIL and never wakes during healthy steps. The drain's side, ``Requests``, is the
   exit budget, ``os._exit`` with the code). One that has not exited by then (the GIL held) is killed with
   SIGKILL, said in the log: the launcher restarts it either way.
 - ``signal``: sent by the drain itself; a signal needs no answer.
+- ``device``: the UUID of a CUDA device (issue 31), so that the drain's GPU sampler reads the device the steps
+  run on, whatever CUDA's and NVML's numbering (docs/gpu-state.md#which-device). Answered only from what
+  the process already has: torch imported and CUDA initialised by the training code (``cuda_uuid``); never
+  an import or a CUDA initialisation of its own, and never on the training thread.
 
 With ``watchdog=True`` the drain also does the sidecar's work (it watches from another process already): a
 training process that does not answer has its stacks read by py-spy, and one that dies without closing its
@@ -31,11 +35,13 @@ import marshal
 import os
 import signal
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._stacks import thread_stacks
 from otel_training.pipeline.records import STACKS, plain
@@ -43,8 +49,11 @@ from otel_training.processors import alert_context
 from otel_training.processors.stuck_actions import RemoteStacks
 
 logger = logging.getLogger("otel_training")
-_REQUEST = struct.Struct("<QQQ")  # kind, then (request id, thread id: 0 when none known) or (exit code, 0)
-_ASK_STACKS, _ASK_EXIT = 1, 2
+#: Kind, then (request id, thread id: 0 when none known), (exit code, 0) or (request id, CUDA ordinal).
+_REQUEST = struct.Struct("<QQQ")
+_ASK_STACKS, _ASK_EXIT, _ASK_DEVICE = 1, 2, 3
+#: How long the drain's GPU sampler (its own thread, not the detector) waits for a device's UUID.
+DEVICE_WAIT_S = 0.5
 #: How long the drain's detector waits for the stacks before it alerts without them.
 ANSWER_WAIT_S = 0.03
 #: How long the responder waits for room in a full ring for its answer.
@@ -82,6 +91,10 @@ class Responder:
                                 time.monotonic() + _WRITE_WAIT_S)
                 elif kind == _ASK_EXIT:
                     self._exit(int(value))
+                elif kind == _ASK_DEVICE:
+                    uuid = cuda_uuid(thread_id)
+                    self._write(marshal.dumps((STACKS, value, "", {sc.HW_ID: uuid} if uuid else {})), None,
+                                time.monotonic() + _WRITE_WAIT_S)
         except Exception:  # noqa: BLE001 - never raise in the training process; the alerts go without stacks
             log_once("responder", "otel_training: the thread answering the drain's requests stopped; stuck alerts "
                      "go without stacks")
@@ -90,6 +103,23 @@ class Responder:
                 os.close(self._fd)
             except OSError:
                 pass
+
+
+def cuda_uuid(ordinal: int) -> str | None:
+    """The UUID of CUDA device ``ordinal`` as torch knows it (hex, no prefix), or None: only where the training
+    code already imported torch and initialised CUDA (never imported or initialised here); not on ROCm, whose
+    devices NVML does not see. torch reads a device's properties once and keeps them."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized() or getattr(getattr(torch, "version", None), "hip", None):
+            return None
+        uuid = getattr(cuda.get_device_properties(ordinal), "uuid", None)  # torch 2.0 and later
+        text = str(uuid) if uuid is not None else ""
+    except Exception:  # noqa: BLE001 - no answer is the answer: the drain maps the ordinal itself
+        return None
+    return text if len(text) >= 32 and all(char in "0123456789abcdefABCDEF-" for char in text.removeprefix("GPU-")
+                                          .removeprefix("MIG-")) else None
 
 
 class Requests:
@@ -142,6 +172,27 @@ class Requests:
         finally:
             with self._lock:
                 self._waiting.pop(request_id, None)
+
+    def device_uuid(self, ordinal: int) -> str | None:
+        """The UUID of the training process's CUDA device ``ordinal`` (``cuda_uuid`` there), within
+        ``DEVICE_WAIT_S``; None when it does not know it cheaply or does not answer."""
+        with self._lock:
+            self._next += 1
+            request_id = self._next
+            answered = threading.Event()
+            slot: list[object] = [None, answered, None]
+            self._waiting[request_id] = slot
+        try:
+            os.write(self._fd, _REQUEST.pack(_ASK_DEVICE, request_id, max(0, ordinal)))
+            if not answered.wait(DEVICE_WAIT_S):
+                return None
+        except OSError:
+            return None
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+        uuid = (slot[2] or {}).get(sc.HW_ID)  # type: ignore[attr-defined]
+        return uuid if isinstance(uuid, str) else None
 
     def deliver(self, request_id: int, stacks: str, context: dict[str, Any] | None = None) -> None:
         """A ``STACKS`` record read from the ring (an answer too late for its request is dropped)."""

@@ -21,8 +21,10 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, RunSummary, SpanRecord, span_label, times_step
 from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs, normalize_span_id
+from otel_training.analysis.gpu import ERRORS_KEY, GpuErrors, step_errors, step_state
 from otel_training.analysis.hang_tracker import HangTracker
 from otel_training.analysis.stragglers import window_bounds
+from otel_training.report.gpu_steps import GpuSteps, RankGpu, rank_gpu
 
 #: Steps per rank kept for the step-time plot (every n-th, n doubling as the run grows), and the
 #: longest ones kept besides: the plot shows the shape of a run and its outliers.
@@ -150,13 +152,16 @@ class RankPart:
     edges: StepColumns
     #: Every n-th step and the longest ones, for the step-time plot.
     sample: StepColumns
+    #: The GPU's state in each straggler window and on the sampled steps, where its steps carried one.
+    gpu: RankGpu | None = None
 
 
-def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int) -> RankPart:
-    """Finish a rank whose lives and steps are all known."""
+def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int,
+              gpu: GpuSteps | None = None) -> RankPart:
+    """Finish a rank whose lives and steps are all known (``gpu``: those of its steps with a GPU state)."""
     runs = rank_runs(lives)
     # The order they ran: by start, ties in the order read (a stable sort).
-    order = _run_order(steps.starts)
+    read_order = order = _run_order(steps.starts)
     durations = array("d", (steps.durations[index] for index in order)) if order is not None else steps.durations
     order = order if order is not None else range(len(durations))
     bounds = window_bounds(len(durations), window)
@@ -174,9 +179,11 @@ def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int)
     kept.update(order[position] for position in
                 heapq.nlargest(SAMPLE_LONGEST, range(len(durations)), key=durations.__getitem__))
     sample = StepColumns()
-    for index in sorted(kept, key=lambda index: (steps.starts[index], index)):
+    sampled = sorted(kept, key=lambda index: (steps.starts[index], index))
+    for index in sampled:
         sample.copy(steps, index)
-    return RankPart(rank, runs, durations, medians, mads, edges, sample)
+    folded = rank_gpu(gpu, read_order, bounds, sampled) if gpu else None
+    return RankPart(rank, runs, durations, medians, mads, edges, sample, folded)
 
 
 def _run_order(starts: array) -> Sequence[int] | None:
@@ -262,6 +269,8 @@ class Part:
     duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The processes (lives) whose spans were read: inputs that share one may hold the same spans.
     resources: set[RunKey] = dataclasses.field(default_factory=set)
+    #: The GPU errors (XID, uncorrected ECC, lost) the ranks' step spans' events counted.
+    gpu_errors: GpuErrors = dataclasses.field(default_factory=GpuErrors)
 
     def data_wait(self, value: object) -> None:
         if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
@@ -293,6 +302,7 @@ class Part:
         for path, count in other.duplicates.items():
             self.duplicates[path] = self.duplicates.get(path, 0) + count
         self.resources |= other.resources
+        self.gpu_errors.update(other.gpu_errors)
         for rank, part in other.ranks.items():
             if rank in self.ranks:
                 raise ValueError(f"rank {rank} is in two parts: read its spans together")
@@ -305,13 +315,21 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
     part = Part()
     lives: defaultdict[Any, list[SpanRecord]] = defaultdict(list)
     steps: defaultdict[int, StepColumns] = defaultdict(StepColumns)
+    gpu: defaultdict[int, GpuSteps] = defaultdict(GpuSteps)
+
+    def add_step(rank: int, record: SpanRecord) -> None:
+        steps[rank].add(record.start_ns, record.end_ns, record.attributes.get(sc.STEP), record.run.restart)
+        state = step_state(record.attributes)
+        if state is not None:
+            gpu[rank].add(len(steps[rank]) - 1, state)
+
     for record in records:
         rank = record.run.rank
         if ranks is not None:
             if rank in ranks and record.is_trainer:
                 lives[record.run].append(record)
                 if times_step(record.name, record.attributes):
-                    steps[rank].add(record.start_ns, record.end_ns, record.attributes.get(sc.STEP), record.run.restart)
+                    add_step(rank, record)
             continue
         part.span(record.start_ns, record.end_ns)
         part.hang.add(record)
@@ -324,8 +342,10 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
             lives[record.run].append(record)
         if record.is_trainer and record.name == sc.SPAN_STEP:
             part.data_wait(record.attributes.get(sc.STEP_DATA_WAIT_S))
+        if ERRORS_KEY in record.attributes and record.is_trainer:
+            part.gpu_errors.add(rank, step_errors(record.attributes))
         if record.is_trainer and times_step(record.name, record.attributes):
-            steps[rank].add(record.start_ns, record.end_ns, record.attributes.get(sc.STEP), record.run.restart)
+            add_step(rank, record)
         elif record.name == sc.SPAN_ALERT:
             part.alerts.append(alert_of(rank, record.run.restart, record.start_ns, record.attributes))
         label = span_label(record.name, evaluation_is_productive)
@@ -335,5 +355,5 @@ def part_from_records(records: Sequence[SpanRecord], *, evaluation_is_productive
     for key, run_records in lives.items():
         by_rank[key.rank].append(_RecordsLife(key, run_records, evaluation_is_productive))
     for rank, rank_lives in by_rank.items():
-        part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window)
+        part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window, gpu.get(rank))
     return part

@@ -25,6 +25,7 @@ from typing import Any
 from otel_training.analysis import SpanRecord
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
 from otel_training.report.digest import Intervals, Part, part_from_records
+from otel_training.report.gpu_metrics import add_gpu_series
 from otel_training.report.job import JobReport, assemble
 from otel_training.report.reader import (
     Problem,
@@ -256,8 +257,10 @@ def report_files(
     if files and not part.span_count:
         problems.append(Problem(", ".join(str(path) for path in files[:3]) + ("..." if len(files) > 3 else ""),
                                 None, "no spans found"))
-    return assemble(part, problems, ideal_step_time_s=ideal_step_time_s,
-                    straggler_threshold=straggler_threshold, straggler_window=straggler_window)
+    report = assemble(part, problems, ideal_step_time_s=ideal_step_time_s,
+                      straggler_threshold=straggler_threshold, straggler_window=straggler_window)
+    add_gpu_series(report, files, job_id)  # the drain's GPU samples of the plotted ranks, where beside the traces
+    return report
 
 
 def _together(parts: Sequence[Part]) -> list[list[int]]:

@@ -19,6 +19,7 @@ from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord
 from otel_training.report.alerts_view import alerts_html as _alerts
 from otel_training.report.alerts_view import stuck_intervals
 from otel_training.report.digest import TIMELINE_RANKS, merged
+from otel_training.report.gpu_plot import gpu_ranks, plot_gpu
 from otel_training.report.job import JobReport
 from otel_training.report.summary import render_summary
 
@@ -289,9 +290,14 @@ def _hang(report: JobReport) -> str:
             "<p>How to read it: docs/hang-diagnosis.md in otel-training's documentation.</p>\n")
 
 
+def _plot_gpu(report: JobReport) -> str:
+    return plot_gpu(report, _pyplot(), _svg)
+
+
 #: The page's plots, in its order: (element id, drawing function, drawn only for a job with steps).
 _PLOTS = (("step-time", "_plot_step_times", True), ("breakdown", "_plot_breakdown", False),
-          ("histogram", "_plot_histogram", True), ("timeline", "_plot_timeline", False))
+          ("histogram", "_plot_histogram", True), ("timeline", "_plot_timeline", False),
+          ("gpu", "_plot_gpu", True))
 #: The report the forked plot processes draw from (inherited, never pickled).
 _drawing: JobReport | None = None
 
@@ -338,7 +344,8 @@ def render_html(report: JobReport, records: Sequence[SpanRecord] | None = None, 
     tables (matplotlib draws on one core; the CLI passes its worker count).
     """
     title = "otel-training report: " + (", ".join(report.job_ids) or "job")
-    shown = [(element, function) for element, function, needs_steps in _PLOTS if report.step_count or not needs_steps]
+    shown = [(element, function) for element, function, needs_steps in _PLOTS if (report.step_count or not needs_steps)
+             and (element != "gpu" or gpu_ranks(report))]  # the GPU plot: only where the GPU's state was sampled
     drawn = _svgs(report, [function for _, function in shown], processes)
     tables = _cards(report), _rank_table(report), _hang(report), _alerts(report), render_summary(report)
     plots = [f'<figure class="plot" id="{element}">{svg}</figure>' for (element, _), svg in zip(shown, drawn())]

@@ -319,6 +319,12 @@ def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]]) -
                 otlp["parentSpanId"] = parent
             if error:
                 otlp["status"] = {"code": 2}
+            if span.get("logs"):  # span events (a step's training.gpu.error): Jaeger's logs, "event" their name
+                otlp["events"] = [{"name": str(fields.pop("event", "")), "attributes": otlp_attributes(fields),
+                                   "timeUnixNano": str(at * _MICRO if isinstance(at := log.get("timestamp"), int)
+                                                       else 0)}
+                                  for log in span["logs"] if isinstance(log, dict)
+                                  for fields in (_tags(log.get("fields")),)]
             yield end, index, json.dumps(otlp)
 
 

@@ -7,9 +7,11 @@ import heapq
 import statistics
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 from otel_training.analysis import PRODUCTIVE, GoodputAccount, SpanRecord, StepStats, StragglerScore
 from otel_training.analysis.goodput import job_account
+from otel_training.analysis.gpu import GpuErrors, GpuView, explain
 from otel_training.analysis.hang_episodes import Episode
 from otel_training.analysis.stragglers import (
     DEFAULT_THRESHOLD,
@@ -28,6 +30,7 @@ from otel_training.report.digest import (
     StepColumns,
     part_from_records,
 )
+from otel_training.report.gpu_steps import RankGpu
 from otel_training.report.reader import Problem
 
 __all__ = ["Alert", "JobReport", "Step", "assemble", "build_report"]
@@ -73,6 +76,13 @@ class JobReport:
     duplicate_spans: int = 0
     #: Each job's last span end (ns), to tell which of several jobs in the input ran last.
     job_ends: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The GPU's state per straggler window and on the plotted steps, of the ranks whose steps carried one.
+    rank_gpu: dict[int, RankGpu] = dataclasses.field(default_factory=dict)
+    #: The GPU errors (XID, uncorrected ECC, lost) the ranks' step spans' events counted.
+    gpu_errors: GpuErrors = dataclasses.field(default_factory=GpuErrors)
+    #: The drain's GPU samples (clocks, power) of the plotted ranks, from their metrics files where the
+    #: traces have them beside (``gpu_metrics.py``; only ``report_files`` reads them).
+    gpu_series: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def straggler_ranks(self) -> list[int]:
@@ -104,9 +114,37 @@ class JobReport:
         return (f"{steps}, {(first.start_ns - self.start_ns) / 1e9:.1f}-{(last.end_ns - self.start_ns) / 1e9:.1f} s "
                 "into the job")
 
+    def straggler_gpu(self) -> dict[int, tuple[int, str]]:
+        """Named rank -> (window index, how its GPU differed from the other ranks' in that window): its worst
+        window's, else its first slow window's that differed. Ranks whose GPU did not differ are left out."""
+        found = {}
+        for score in self.stragglers:
+            worst = score.worst_window
+            if not score.straggler or worst is None:
+                continue
+            for window in (worst, *score.slow_windows):
+                text = self.window_gpu(score.rank, window)
+                if text:
+                    found[score.rank] = (window.index, text)
+                    break
+        return found
+
+    def window_gpu(self, rank: int, window: WindowScore) -> str:
+        """How a rank's GPU differed from the other ranks' in one straggler window, or ""."""
+        gpu = self.rank_gpu.get(rank)
+        view: GpuView | None = gpu.view(window.index) if gpu is not None else None
+        first, last = self.window_steps(rank, window)
+        errors = self.gpu_errors.between(rank, first.start_ns, last.end_ns)
+        if errors:
+            view = (view or GpuView()).with_errors(errors)
+        peers = [other.view(window.index) for number, other in self.rank_gpu.items() if number != rank]
+        return explain(view, peers)
+
     def straggler_lines(self) -> list[str]:
-        """One line per named rank: its worst window, the view that named it, and how many windows were slow."""
+        """One line per named rank: its worst window, the view that named it, and how many windows were slow;
+        and one more where its GPU differed from the other ranks' (clocks, throttling, errors)."""
         lines = []
+        gpu = self.straggler_gpu()
         for score in self.stragglers:
             worst = score.worst_window
             if not score.straggler or worst is None:
@@ -118,6 +156,10 @@ class JobReport:
                 f"rank {score.rank}: {worst.view} {worst.score:.2f} in window {worst.index + 1} of "
                 f"{len(score.windows)} ({self.window_label(score.rank, worst)}); {len(score.slow_windows)} "
                 f"window(s) of {self.straggler_window} steps below {self.straggler_threshold:g}{spread}")
+            if score.rank in gpu:
+                index, text = gpu[score.rank]
+                where = f" (window {index + 1})" if index != worst.index else ""
+                lines.append(f"rank {score.rank} GPU: {text}{where}")
         return lines
 
 
@@ -194,11 +236,13 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
         straggler_threshold=straggler_threshold,
         window_edges={rank.rank: rank.edges for rank in with_steps},
         intervals=dict(part.intervals.spans),
-        hang=part.hang.lines(),
-        hang_episodes=part.hang.episodes(),
-        hang_episode_lines=part.hang.episode_lines(),
+        hang=part.hang.lines(part.gpu_errors),
+        hang_episodes=part.hang.episodes(part.gpu_errors),
+        hang_episode_lines=part.hang.episode_lines(part.gpu_errors),
         data_wait_s=part.data_wait_s,
         duplicate_spans=sum(part.duplicates.values()),
+        rank_gpu={rank.rank: rank.gpu for rank in with_steps if rank.gpu is not None},
+        gpu_errors=part.gpu_errors,
     )
 
 

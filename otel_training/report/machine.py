@@ -67,7 +67,9 @@ def report_json(report: JobReport) -> dict[str, Any]:
         },
         "stragglers": {"ranks": report.straggler_ranks, "window_steps": report.straggler_window,
                        "threshold": report.straggler_threshold, "lines": report.straggler_lines(),
-                       "job_slow_windows": report.job_slow_window_lines()},
+                       "job_slow_windows": report.job_slow_window_lines(),
+                       "gpu": [{"rank": rank, "window": index + 1, "explanation": text}
+                               for rank, (index, text) in sorted(report.straggler_gpu().items())]},
         "hang": list(report.hang),
         "hang_episodes": [_episode(job_id, run_id, episode, report.end_ns)
                           for (job_id, run_id), episodes in report.hang_episodes.items() for episode in episodes],
@@ -89,7 +91,8 @@ def _episode(job_id: str, run_id: str, episode: Episode, end_ns: int) -> dict[st
                           "detail": culprit.detail} for culprit in result.culprits],
             "no_single_culprit": result.no_single_culprit,
             "collective": {"group": result.group, "seq": result.seq, "op": result.op} if result.group else None,
-            "waiting": {str(rank): list(culprits) for rank, culprits in result.waiting.items()}}
+            "waiting": {str(rank): list(culprits) for rank, culprits in result.waiting.items()},
+            "gpu": {str(rank): text for rank, text in sorted(result.gpu.items())}}
 
 
 def _finite(value: Any) -> Any:

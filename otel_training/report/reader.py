@@ -123,6 +123,14 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     return files, problems
 
 
+def gpu_errors(span: dict[str, Any]) -> list[tuple[int, str, Any]] | None:
+    """A step span's ``training.gpu.error`` events as (time, ``hw.error.type``, XID), or None without any."""
+    found = [(int(event.get("timeUnixNano", 0)), str(values.get(sc.HW_ERROR_TYPE, "")), values.get(sc.GPU_XID))
+             for event in span.get("events") or () if event.get("name") == sc.EVENT_GPU_ERROR
+             for values in (attributes(event.get("attributes")),)]
+    return found or None
+
+
 def not_strings(**fields: Any) -> TypeError:
     wrong = ", ".join(f"{key} is {type(value).__name__}" for key, value in fields.items() if not isinstance(value, str))
     return TypeError(f"{wrong}, not a string")
@@ -146,6 +154,8 @@ def records_from_request(request: dict[str, Any]) -> list[SpanRecord]:
                 if not (type(name) is str and type(trace_id) is str and type(span_id) is str
                         and type(parent_id) is str):
                     raise not_strings(name=name, traceId=trace_id, spanId=span_id, parentSpanId=parent_id)
+                if "events" in span and (errors := gpu_errors(span)):  # analysis.gpu.ERRORS_KEY
+                    span_attributes[sc.EVENT_GPU_ERROR] = errors
                 records.append(SpanRecord(
                     name=name,
                     start_ns=int(span["startTimeUnixNano"]),

@@ -19,6 +19,7 @@ from otel_training.report.reader import (
     MIN_TIME_NS,
     any_value,
     attributes,
+    gpu_errors,
     impossible_alert,
     impossible_times,
     not_strings,
@@ -31,7 +32,10 @@ _STATUS_ERROR = 2
 _STEP_ATTRIBUTES = frozenset({sc.STEP, sc.STEP_DEVICE_TIMED, sc.STEP_DATA_WAIT_S, sc.CHECKPOINT_STEP,
                               sc.COLLECTIVE_GROUP, sc.COLLECTIVE_OP,
                               sc.COLLECTIVE_SEQ, sc.COLLECTIVE_COMPLETED_SEQ, sc.COLLECTIVE_STEP,
-                              sc.COLLECTIVE_WAIT_S})
+                              sc.COLLECTIVE_WAIT_S, sc.GPU_SM_CLOCK_MIN_MHZ, sc.GPU_THROTTLED,
+                              sc.GPU_THROTTLE_REASONS})
+#: The spans whose ``training.gpu.error`` events are read (``analysis.gpu.ERRORS_KEY``).
+_WITH_GPU_EVENTS = frozenset({sc.SPAN_STEP, sc.SPAN_DEVICE_STEP})
 #: A span: (name, start, end, span id, error, attributes read or None, trace id).
 Span = tuple[str, int, int, str, bool, "dict[str, Any] | None", str]
 
@@ -83,6 +87,8 @@ def convert(request: dict[str, Any], seen: SeenSpans | None = None, job_id: str 
                 if name in WITH_ATTRIBUTES:
                     values = attributes(span.get("attributes")) if name == sc.SPAN_ALERT else \
                         _some_attributes(span.get("attributes"))
+                    if "events" in span and name in _WITH_GPU_EVENTS and (errors := gpu_errors(span)):
+                        values[sc.EVENT_GPU_ERROR] = errors
                 if not (MIN_TIME_NS <= start <= end <= MAX_TIME_NS) or (
                         name == sc.SPAN_ALERT and impossible_alert(values or {})):
                     why = impossible_times(start, end) or impossible_alert(values or {})

@@ -33,8 +33,10 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training.analysis import LABELLED_SPAN_NAMES, RunKey, SpanRecord, span_label
 from otel_training.analysis.goodput import Life, RunAccountant
+from otel_training.analysis.gpu import ERRORS_KEY, step_errors, step_state
 from otel_training.report.dedupe import SeenSpans
 from otel_training.report.digest import Part, StepColumns, alert_of, rank_part
+from otel_training.report.gpu_steps import GpuSteps
 from otel_training.report.reader import FileScan, Problem
 from otel_training.report.spans import Span, convert, json_loads
 
@@ -218,6 +220,7 @@ def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, 
     part = Part()
     runs: dict[RunKey, _Run] = {}
     steps: defaultdict[int, StepColumns] = defaultdict(StepColumns)
+    gpu: defaultdict[int, GpuSteps] = defaultdict(GpuSteps)
     loads = json_loads()
     scans: list[FileScan] = []
 
@@ -235,7 +238,7 @@ def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, 
         dropped = seen.dropped
         scan = FileScan(path, lambda request: convert(request, seen, job_id), progress, loads=loads)
         scans.append(scan)
-        _read(scan, part, runs, steps, evaluation_is_productive)
+        _read(scan, part, runs, steps, gpu, evaluation_is_productive)
         problems.extend(scan.problems)
         if seen.dropped > dropped:
             part.duplicates[str(path)] = seen.dropped - dropped
@@ -248,17 +251,18 @@ def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, 
             lives[run.key.rank].append(life)
     for rank, rank_lives in lives.items():
         if rank not in part.unfinished:
-            part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window)
+            part.ranks[rank] = rank_part(rank, rank_lives, steps[rank], window, gpu.get(rank))
     return part, problems
 
 
 def _read(scan: FileScan, part: Part, runs: dict[RunKey, _Run], steps: defaultdict[int, StepColumns],
-          evaluation_is_productive: bool) -> None:
-    """Every span of a file into ``part``, its lives (``runs``) and its ranks' ``steps``."""
+          gpu: defaultdict[int, GpuSteps], evaluation_is_productive: bool) -> None:
+    """Every span of a file into ``part``, its lives (``runs``), its ranks' ``steps`` and their ``gpu`` states."""
     intervals = part.intervals
     labels = {name: span_label(name, evaluation_is_productive) for name in LABELLED_SPAN_NAMES}
     accounted, alert_name, step, device_step = ACCOUNTED, sc.SPAN_ALERT, sc.SPAN_STEP, sc.SPAN_DEVICE_STEP
     device_timed, collective_seq, hang = sc.STEP_DEVICE_TIMED, sc.COLLECTIVE_SEQ, part.hang
+    gpu_clock, gpu_throttled = sc.GPU_SM_CLOCK_MIN_MHZ, sc.GPU_THROTTLED
     for resources in scan:
         for key, service, role, spans in resources:
             part.resources.add(key)
@@ -307,8 +311,15 @@ def _read(scan: FileScan, part: Part, runs: dict[RunKey, _Run], steps: defaultdi
                         part.data_wait(values.get(sc.STEP_DATA_WAIT_S))
                     if values is not None and (name == device_step or
                                                (name == step and not values.get(device_timed))):
-                        steps[rank].add(start, end, values.get(sc.STEP), restart)
+                        rank_steps = steps[rank]
+                        rank_steps.add(start, end, values.get(sc.STEP), restart)
                         run.durations.append((end - start) / 1e9 if end > start else 0.0)
+                        if gpu_clock in values or gpu_throttled in values:  # the drain sampled the GPU
+                            state = step_state(values)
+                            if state is not None:
+                                gpu[rank].add(len(rank_steps) - 1, state)
+                    if values and ERRORS_KEY in values:
+                        part.gpu_errors.add(rank, step_errors(values))
                 if name in accounted or name in run.watched_names:
                     run.push(SpanRecord(name, start, end, key, values or {}, "", span_id, "", error, service, role))
                     if name == alert_name:
