@@ -33,11 +33,17 @@ class Process:
         self.target = text(target) if isinstance(target, str) else target
         #: Where its spans go: the configured pipeline's provider when None.
         self.tracer_provider = tracer_provider
+        self._runtime: EventsRuntime | None = None
 
     def events_runtime(self) -> EventsRuntime:
-        """The runtime its spans are made in (the pipeline's, or one for its ``tracer_provider``)."""
+        """The runtime its spans are made in (the pipeline's, or one for its ``tracer_provider``): looked up
+        once and kept until its pipeline shuts down (a new ``configure()`` shuts the old one down first)."""
+        kept = self._runtime
+        if kept is not None and not kept.closed:
+            return kept
         provider = self.tracer_provider
-        return runtime() if provider is None else runtime_for(provider)
+        kept = self._runtime = runtime() if provider is None else runtime_for(provider)
+        return kept
 
     @contained(default=None)
     def _event(self, event_name: str, name: str, attributes: dict[str, Any],

@@ -98,6 +98,8 @@ class EventsRuntime:
         #: Device values logged here, read once computed (``values.py``); None with an injected provider, whose
         #: pipeline cannot hold a span for them: they are described there, as before.
         self.values: PendingValues | None = None
+        #: Its pipeline began shutting down: the ``Process`` objects that kept it look their runtime up again.
+        self.closed = False
         if tracer is None:
             self.values = PendingValues(telemetry.deliver_values, float(telemetry.options.get("values_hold_s", 30.0)))
         telemetry.on_shutdown(self.close)
@@ -149,6 +151,7 @@ class EventsRuntime:
             self.values.settle(timeout_s)
 
     def close(self) -> None:
+        self.closed = True
         self._settle_values(self.telemetry.shutdown_share_s(0.25))  # the device finishes its queue: a share
         for holder in list(self._process_spans.values()):
             holder.end()

@@ -321,7 +321,11 @@ class StepTracker(Dormancy, NestedWork):
             if depth > 0:
                 self._nested[key] = depth
                 return  # the inner step() of a subclass's super().step()
-            if instrumentation_enabled() and self._here():
+            # _here(), inline for the usual case: a step is open only while the tracker records.
+            if self._step is not None and threading.get_ident() == self._owner:
+                if instrumentation_enabled():
+                    self._stepped_once(optimizer, skipped=False)
+            elif instrumentation_enabled() and self._here():
                 self._stepped_once(optimizer, skipped=False)
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("optimizer_post")
