@@ -174,6 +174,11 @@ def test_start_child_makes_the_child_start_span_makes_under_the_current_span(rig
         assert span.get_span_context().trace_id == parent.get_span_context().trace_id
         assert span.attributes == {"k": 1}
     assert root.parent is None and root.get_span_context().trace_id != parent.get_span_context().trace_id
+    # a parent C does not take (one with a trace state) is still the parent, whatever the context says
+    stated = NonRecordingSpan(SpanContext(5, 6, False, TraceFlags(TraceFlags.SAMPLED), TraceState([("v", "1")])))
+    with trace.use_span(parent):
+        under = rig.tracer.start_child("under a trace state", stated, None)
+    assert isinstance(under, PyRecordSpan) and under.parent == stated.get_span_context()
 
 
 def test_where_c_does_not_apply_the_python_path_makes_the_span(rig: Rig) -> None:

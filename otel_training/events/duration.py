@@ -156,8 +156,9 @@ class Duration:
             # current span, which is its parent's and within budget (counted here), in one read of the context.
             if parent is None or parent._span is not current:
                 span = start_child(rt, self.name, current, self._attributes, parent is not None)
-            elif parent._segment is None and rt.admit(trace_id_of(current.get_span_context())):
-                span = start_child(rt, self.name, current, self._attributes, False)
+            elif rt.admit(trace_id_of((holder := parent._segment or current).get_span_context())):
+                # within budget: a child of the parent, or of the trace segment it continues in
+                span = start_child(rt, self.name, holder, self._attributes, False, holder is current)
             else:  # the parent continues in a new trace segment, once its trace is over budget
                 context = parent._context_for_child(rt)
                 if context is None:

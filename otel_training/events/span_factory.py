@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
+from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
@@ -32,14 +33,19 @@ def start_span(rt: EventsRuntime, name: str, *, context: Context | None = None,
     return span
 
 
-def start_child(rt: EventsRuntime, name: str, current: Span, attributes: Mapping[str, Any] | None,
-                charge: bool) -> Span:
-    """``start_span(rt, name, attributes=attributes, charge=charge)`` for a caller that has just read the
-    current span (``current``): the offloaded pipeline's tracer then makes the child without reading it
-    again (``RecordTracer.start_child``), a step's hot path."""
+def start_child(rt: EventsRuntime, name: str, parent: Span, attributes: Mapping[str, Any] | None,
+                charge: bool, current: bool = True) -> Span:
+    """``start_span(rt, name, context=..., attributes=attributes, charge=charge)`` with ``parent`` the parent
+    span, for a caller that has just read it (``current``: it is the current span, the usual case, or a trace
+    segment the current span continues in): the offloaded pipeline's tracer then makes the child without
+    reading the context again (``RecordTracer.start_child``), a step's hot path; any other tracer is given a
+    context only when the parent is not the current span."""
     starter = rt.start_child
-    span = starter(name, current, attributes) if starter is not None else rt.tracer.start_span(
-        name, attributes=attributes)
+    if starter is not None:
+        span = starter(name, parent, attributes)
+    else:
+        span = rt.tracer.start_span(name, None if current else trace_api.set_span_in_context(parent),
+                                    attributes=attributes)
     if charge:
         rt.charge(trace_id_of(span.get_span_context()))
     return span

@@ -146,7 +146,8 @@ class RecordTracer(trace_api.Tracer):
                               None, _ON_EXCEPTION)
             if span is not None:
                 return span
-        return self.start_span(name, attributes=attributes)
+        # C does not take this parent (a trace state, say): the Python path, under that parent, not the context's
+        return self.start_span(name, trace_api.set_span_in_context(current), attributes=attributes)
 
     @contextmanager  # type: ignore[override]
     def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
