@@ -11,6 +11,11 @@ step > substeps. Injected on given steps:
 * ``--stuck-steps``: the step sleeps ``--stuck-s`` (past the stuck threshold: a real
   stuck alert, then a recovered one).
 
+``--file-dir`` also writes every span the rank ends to ``DIR/traces-r<rank>.jsonl`` with the
+package's file exporter, as ``OTEL_TRAINING_EXPORTER=file`` would: the file report of the very
+spans the rank exported (tests/e2e/test_opensearch_topology.py compares it with the report read
+back from Jaeger).
+
 ``--result`` gets, as JSON: the ``FlushResult`` of the bounded shutdown, the number of
 spans ended per trace id (what Jaeger must hold for a trace to be whole), the trace id
 and start time of every injected step, and the wall time at which each step ended.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,6 +47,7 @@ def main() -> int:
     parser.add_argument("--start-at", type=float, default=0.0, help="wall-clock time to start at (ranks in step)")
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0)
+    parser.add_argument("--file-dir", type=Path, default=None, help="also write the spans to DIR/traces-r<rank>.jsonl")
     args = parser.parse_args()
 
     import otel_training
@@ -57,6 +64,12 @@ def main() -> int:
     # would have them; docs/offload.md).
     telemetry = otel_training.configure(metrics=False, goodput=False, offload=False)
     telemetry.add_span_processor(_PerTrace())
+    if args.file_dir is not None:
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from otel_training.exporters.otlp_json import OtlpJsonFileSpanExporter
+
+        rank = os.environ.get("OTEL_TRAINING_RANK", "0")
+        telemetry.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(args.file_dir / f"traces-r{rank}.jsonl")))
     trainer = otel_training.TrainerProcess()
     injected: list[dict] = []
     step_ends: list[float] = []

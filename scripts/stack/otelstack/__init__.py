@@ -10,7 +10,9 @@
 * :mod:`~otelstack.services` -- the collector, Jaeger, Prometheus and Alertmanager as components;
 * :mod:`~otelstack.native` -- :class:`Stack`, the four on one supervisor;
 * :mod:`~otelstack.topology` -- the agent/gateway topology on the same parts;
-* :mod:`~otelstack.cli` -- ``up``/``status``/``down``/``build``.
+* :mod:`~otelstack.opensearch_home` -- OpenSearch's home laid out from Maven artifacts (once, cached);
+* :mod:`~otelstack.opensearch` -- a multi-node OpenSearch cluster, Jaeger's store on jaeger-opensearch.yaml;
+* :mod:`~otelstack.cli` -- ``up``/``status``/``down``/``build``/``build-opensearch``.
 
 Stdlib only. ``scripts/stack`` is on pytest's ``pythonpath``, so tests ``import otelstack``.
 """

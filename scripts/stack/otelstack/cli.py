@@ -7,6 +7,7 @@ from Debian's packages, each from the same configuration files as docker-compose
     python scripts/stack/stack.py status [--run-dir DIR]
     python scripts/stack/stack.py down [--run-dir DIR]
     python scripts/stack/stack.py build
+    python scripts/stack/stack.py build-opensearch   (OpenSearch's home from Maven, for jaeger-opensearch.yaml)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ._base import StackError, default_run_dir
 from .binaries import cached_binary_paths, ensure_binaries, missing_prerequisites
 from .jaeger_binary import JAEGER_BINARY_ENV, BadJaegerBinary, JaegerBinary, resolve, serves_ui
 from .native import Stack
+from . import opensearch_home
 
 #: The command that runs this CLI, as the docs spell it.
 SCRIPT = "scripts/stack/stack.py"
@@ -57,9 +59,24 @@ def _print_endpoints(s: Stack, users: JaegerBinary | None = None) -> None:
         print(f"export {k}={v}")
 
 
+def _build_opensearch() -> int:
+    """The cached OpenSearch home (built when missing): its path; exit code 2 when java or mvn is missing."""
+    home = opensearch_home.home_path()
+    missing = opensearch_home.missing_prerequisites()
+    if missing:
+        print(f"{SCRIPT} build-opensearch: missing " + "; ".join(missing), file=sys.stderr)
+        return 2
+    try:
+        print(opensearch_home.ensure_home())
+    except StackError as exc:
+        print(f"{SCRIPT} build-opensearch: {exc}", file=sys.stderr)
+        return 1
+    return 0 if home.is_dir() else 1
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["up", "down", "status", "build"])
+    ap.add_argument("command", choices=["up", "down", "status", "build", "build-opensearch"])
     ap.add_argument("--run-dir", type=Path, default=default_run_dir(), help="state, rendered configs, logs, data (default: %(default)s)")
     ap.add_argument("--webhook-url", default=None, help="Alertmanager webhook receiver URL")
     ap.add_argument("--fast", action="store_true", help="1s scrape/evaluation/flush intervals and short Alertmanager waits (demos, tests)")
@@ -69,6 +86,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                          f"from Go modules (no UI); checked before anything starts (default: ${JAEGER_BINARY_ENV})")
     args = ap.parse_args(list(argv) if argv is not None else None)
 
+    if args.command == "build-opensearch":
+        return _build_opensearch()
     users: JaegerBinary | None = None
     if args.command in ("up", "build"):
         try:  # before anything runs: a wrong path is one line naming the option or variable, exit code 2

@@ -81,6 +81,22 @@ def jaeger_env(base_env: dict[str, str], *, otlp_grpc: str, otlp_http: str, quer
     )
 
 
+def jaeger_opensearch_env(base_env: dict[str, str], *, otlp_grpc: str, otlp_http: str, query_http: str,
+                          query_grpc: str, health: str, metrics_port: int, urls: list[str], password_file: Path,
+                          index_prefix: str, shards: int, replicas: int, log_level: str,
+                          ca_file: str = "") -> dict[str, str]:
+    """Jaeger's environment for collector-config/jaeger-opensearch.yaml: the listeners of :func:`jaeger_env`
+    and the cluster's node URLs, credentials, index prefix, shards and replicas of each daily span index.
+    ``ca_file`` "": the system's CAs (unused by ``http://`` URLs: a cluster on loopback without TLS)."""
+    env = jaeger_env(base_env, otlp_grpc=otlp_grpc, otlp_http=otlp_http, query_http=query_http, query_grpc=query_grpc,
+                     health=health, metrics_port=metrics_port, data_dir=Path("/nonexistent"), log_level=log_level)
+    del env["JAEGER_BADGER_DIRECTORY"]
+    env.update(JAEGER_OPENSEARCH_URLS="[" + ",".join(urls) + "]", JAEGER_OPENSEARCH_USER="jaeger",
+               JAEGER_OPENSEARCH_PASSWORD_FILE=str(password_file), JAEGER_OPENSEARCH_CA_FILE=ca_file,
+               JAEGER_INDEX_PREFIX=index_prefix, JAEGER_SPAN_SHARDS=str(shards), JAEGER_SPAN_REPLICAS=str(replicas))
+    return env
+
+
 def collector_env(base_env: dict[str, str], *, otlp_grpc: str, otlp_http: str, health: str, telemetry_port: int,
                   queue_dir: Path, log_level: str, prometheus: str | None = None, jaeger_otlp: str | None = None,
                   alerts_file: Path | None = None, telemetry_host: str = LOOPBACK, **extra: str) -> dict[str, str]:

@@ -14,15 +14,19 @@ from .render import render_alertmanager, render_prometheus, render_rules
 from .supervisor import Component
 
 
-def jaeger(binary: Path, log_dir: Path, env: dict[str, str], *, name: str = "jaeger") -> Component:
-    """Jaeger v2 on collector-config/jaeger.yaml, configured by ``env`` (from :func:`~otelstack.render.jaeger_env`)."""
+def jaeger(binary: Path, log_dir: Path, env: dict[str, str], *, name: str = "jaeger",
+           config: str = "jaeger.yaml") -> Component:
+    """Jaeger v2 on collector-config/jaeger.yaml (Badger), configured by ``env`` (from
+    :func:`~otelstack.render.jaeger_env`), or on ``config`` jaeger-opensearch.yaml (from
+    :func:`~otelstack.render.jaeger_opensearch_env`): stateless, no directory of its own."""
+    badger = env.get("JAEGER_BADGER_DIRECTORY")
     return Component(
         name,
-        [str(binary), "--config", str(CONFIG_DIR / "jaeger.yaml")],
+        [str(binary), "--config", str(CONFIG_DIR / config)],
         env,
         log_dir / f"{name}.log",
         f"http://{env['JAEGER_QUERY_HTTP_ENDPOINT']}/api/services",
-        data_dirs=(Path(env["JAEGER_BADGER_DIRECTORY"]),),
+        data_dirs=(Path(badger),) if badger else (),
     )
 
 

@@ -1,7 +1,8 @@
 """The agent/gateway topology of docs/pipeline.md, run natively on loopback:
 
     ranks --OTLP--> agents (agent.yaml + agent-dns.yaml) --load balancing by trace id-->
-        gateways (gateway.yaml: tail sampling) --> Jaeger (jaeger.yaml, Badger)
+        gateways (gateway.yaml: tail sampling) --> Jaeger (jaeger.yaml, Badger;
+        or jaeger-opensearch.yaml on an :class:`~otelstack.opensearch.OpenSearchCluster`)
 
 * Gateways listen on their own loopback addresses (127.0.0.2, 127.0.0.3, ...) and one
   shared OTLP port, as pods behind a headless service do.
@@ -30,8 +31,9 @@ from pathlib import Path
 from . import services
 from ._base import LOOPBACK, StackError
 from .binaries import Binaries
+from .opensearch import OpenSearchCluster
 from .ports import free_ports, shared_port
-from .render import clean_env, collector_env, jaeger_env
+from .render import clean_env, collector_env, jaeger_env, jaeger_opensearch_env
 from .supervisor import Component, Supervisor
 
 GATEWAY_NAME = "otel-gateway.topology"
@@ -68,13 +70,21 @@ class Topology:
     def __init__(self, run_dir: Path | str, binaries: Binaries, *, agents: int = 2, gateways: int = 2,
                  sample_percent: float = 10, decision_wait: str = "60s", slow_step_ns: int = 10_000_000_000,
                  dns_interval: str = "1s", startup_timeout: float = 60.0, log_level: str = "info",
-                 gateway_args: tuple[str, ...] = ()) -> None:
+                 gateway_args: tuple[str, ...] = (), opensearch: OpenSearchCluster | None = None,
+                 index_prefix: str = "otel-training", span_shards: int = 3, span_replicas: int = 1,
+                 jaeger_env_extra: dict[str, str] | None = None) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.binaries = binaries
         self.n_agents, self.n_gateways = agents, gateways
         self.sample_percent, self.decision_wait, self.slow_step_ns = sample_percent, decision_wait, slow_step_ns
         self.dns_interval, self.startup_timeout, self.log_level = dns_interval, startup_timeout, log_level
         self.gateway_args = gateway_args
+        #: Jaeger's store: this cluster (jaeger-opensearch.yaml, daily span indices of ``span_shards`` primaries
+        #: and ``span_replicas`` replicas named ``<index_prefix>-jaeger-span-<day>``), else Badger (jaeger.yaml).
+        self.opensearch = opensearch
+        self.index_prefix, self.span_shards, self.span_replicas = index_prefix, span_shards, span_replicas
+        #: More of Jaeger's variables (JAEGER_BULK_WORKERS, JAEGER_BULK_MAX_ACTIONS, ...).
+        self.jaeger_env_extra = dict(jaeger_env_extra or {})
         self.hosts_file = self.run_dir / "hosts"
         self.jaeger: Member | None = None
         self.jaeger_url = ""
@@ -119,10 +129,18 @@ class Topology:
         base, logs, lo, run = clean_env(), self.run_dir / "logs", LOOPBACK, self.run_dir
         ports = iter(free_ports(6 + 4 * (self.n_gateways + self.n_agents)))
         grpc, http, query, qgrpc, health, metrics = (next(ports) for _ in range(6))
-        proc = services.jaeger(self.binaries.jaeger, logs, jaeger_env(
-            base, otlp_grpc=f"{lo}:{grpc}", otlp_http=f"{lo}:{http}", query_http=f"{lo}:{query}",
-            query_grpc=f"{lo}:{qgrpc}", health=f"{lo}:{health}", metrics_port=metrics, data_dir=run / "jaeger-data",
-            log_level=self.log_level))
+        listeners = dict(otlp_grpc=f"{lo}:{grpc}", otlp_http=f"{lo}:{http}", query_http=f"{lo}:{query}",
+                         query_grpc=f"{lo}:{qgrpc}", health=f"{lo}:{health}", metrics_port=metrics,
+                         log_level=self.log_level)
+        if self.opensearch is None:
+            proc = services.jaeger(self.binaries.jaeger, logs, jaeger_env(base, data_dir=run / "jaeger-data", **listeners))
+        else:
+            password = run / "jaeger" / "opensearch-password"  # sent, and ignored by a cluster without security
+            proc = services.jaeger(self.binaries.jaeger, logs, jaeger_opensearch_env(
+                base, urls=self.opensearch.urls, password_file=password, index_prefix=self.index_prefix,
+                shards=self.span_shards, replicas=self.span_replicas, **listeners), config="jaeger-opensearch.yaml")
+            proc.configs[password] = "not-checked-without-the-security-plugin\n"
+        proc.env.update(self.jaeger_env_extra)
         self.jaeger_url = f"http://{lo}:{query}"
         self.jaeger = Member(proc, f"{lo}:{grpc}", f"http://{lo}:{metrics}/metrics")
         self.supervisor.add(proc)
