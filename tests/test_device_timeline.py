@@ -261,9 +261,11 @@ def test_live_goodput_metrics_follow_the_device(configure, fake, tmp_path) -> No
     live = processor.settle()
     device_steps = named(spans, sc.SPAN_DEVICE_STEP)
     assert len(device_steps) == 15
-    # The device steps are productive live too (the host steps alone would be ~launch time).
+    # The device steps are productive live too (the host steps alone would be ~launch time: microseconds of
+    # each 20 ms). Not always all of their summed length on a loaded machine (0.94 of it seen once with other
+    # jobs on the 2 cores: the fake device's clock is a thread's); the report's figure below is the exact check.
     device_s = sum(span["end"] - span["start"] for span in device_steps)
-    assert live["productive"] >= 0.95 * device_s
+    assert live["productive"] >= 0.8 * device_s
     report = account(read_paths([telemetry.trace_path]).records)
     assert live["productive"] / 1e9 == pytest.approx(report.productive_s, rel=0.02)
     # The step-duration histogram holds the device steps, not the host steps.
