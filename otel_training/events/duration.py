@@ -68,7 +68,7 @@ class Duration:
         "_late",
         "_ended",
         "_runtime",
-        "_device_step",
+        "device_step",
     )
 
     def __init__(
@@ -118,8 +118,9 @@ class Duration:
         self._ended = False
         #: The runtime its span was begun in (its process's: the pipeline's, or an injected provider's).
         self._runtime: EventsRuntime | None = None
-        #: A step timed on the device's timeline (``StepDuration``): (timeline, its step), ended with the span.
-        self._device_step: tuple[Any, Any] | None = None
+        #: A step timed on the device's timeline (``StepDuration``): (timeline, its step), ended with the span;
+        #: None otherwise. Read-only outside: the torch tracker asks it before ``input_ready()``.
+        self.device_step: tuple[Any, Any] | None = None
 
     # -- the span -----------------------------------------------------------
     @property
@@ -228,9 +229,9 @@ class Duration:
 
     def end(self) -> None:
         """End the span (status unset unless ``success``/``fail`` said otherwise)."""
-        pending = self._device_step
+        pending = self.device_step
         if pending is not None:  # a step timed on the device's timeline: its device end marker first
-            self._device_step = None
+            self.device_step = None
             try:
                 pending[0].end_step(pending[1])
             except Exception:  # noqa: BLE001

@@ -7,6 +7,7 @@ device timeline that the time between steps is not a hang.
 
 from __future__ import annotations
 
+from time import monotonic as _monotonic
 from typing import Any
 
 from otel_training import semconv as sc
@@ -49,7 +50,7 @@ class StepDuration(Duration):
 
     def input_ready(self) -> None:
         """The step's input is in: its device work starts now (after ``begin_awaiting_input``)."""
-        pending = self._device_step
+        pending = self.device_step
         if pending is not None:
             try:
                 pending[0].input_ready(pending[1])
@@ -73,7 +74,8 @@ class StepDuration(Duration):
                 if rt is None:
                     rt = self._process.events_runtime()
                 timeline = rt.device
-                if timeline is None and device_probe.may_probe(rt):
+                # may_probe's own clock check first, inline: between probes a step asks nothing more
+                if timeline is None and _monotonic() >= rt.device_probe_at and device_probe.may_probe(rt):
                     timeline = device_probe.probe(rt)
                 if timeline:
                     parent = _CURRENT.get()
@@ -90,7 +92,7 @@ class StepDuration(Duration):
             if span.parent is not None:  # its device step joins this trace: charge the budget here, once
                 rt.charge(trace_id_of(span.get_span_context()))  # type: ignore[union-attr]
             timeline.started(step, span)  # type: ignore[union-attr]
-            self._device_step = (timeline, step)  # type: ignore[assignment]
+            self.device_step = (timeline, step)  # type: ignore[assignment]
         return self
 
 

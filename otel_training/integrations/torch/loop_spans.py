@@ -55,6 +55,9 @@ class LoopSpans:
         self._train_context: contextvars.Context | None = None
         #: The user's own spans frame the loop: no train or epoch of ours.
         self.declined = False
+        #: ``training()`` has nothing left to do (its train span is open, or it declined): the step tracker
+        #: reads it on every fetch instead of calling. Read-only outside.
+        self.started = False
         #: The open ``training.evaluate`` span, if any (read-only outside: the step tracker ends it through
         #: ``end_evaluation`` when one is open, without a call on every step).
         self.evaluation: Duration | None = None
@@ -71,11 +74,12 @@ class LoopSpans:
         if self._train is not None or self.declined:
             return
         if current_duration() is not None:
-            self.declined = True
+            self.declined = self.started = True
             return
         train = self._trainer.train(**{sc.INSTRUMENTATION_SOURCE: SOURCE})
         train.begin_detached()
         self._train = train
+        self.started = True
         self.context = self._train_context = train.context()
 
     def fetched(self, iterator: Any) -> None:
@@ -123,5 +127,6 @@ class LoopSpans:
         self.end_evaluation()
         self.end_epoch()
         train, self._train, self.context, self._train_context = self._train, None, None, None
+        self.started = self.declined
         if train is not None:
             train.end()

@@ -243,7 +243,7 @@ class StepTracker(Dormancy, NestedWork):
                     step = None
                 if step is None and not exhausted:
                     if torch.is_grad_enabled():
-                        rt = self._training()
+                        rt = self._rt if self._rt is not None and self.loop.started else self._training()
                         self.loop.fetched(iterator)
                         self._open(True, rt)
                     elif self._number:  # batches without gradients after training began: an evaluation
@@ -265,7 +265,8 @@ class StepTracker(Dormancy, NestedWork):
                 self._wait_ns += ended - started
                 if self._awaiting_input:  # the batch is in: the step's device work may begin
                     self._awaiting_input = False
-                    step.input_ready()
+                    if step.device_step is not None:
+                        step.input_ready()
             if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None
                                                             and not isinstance(error, StopIteration)):
                 record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
@@ -279,9 +280,11 @@ class StepTracker(Dormancy, NestedWork):
         try:
             if self._claim is not None:
                 self.claim_if_dormant()
-            if not self._here():
-                return
             step = self._step
+            # _here(), inline for the usual case: a step is open only while the tracker records
+            if step is None or threading.get_ident() != self._owner:
+                if not self._here():
+                    return
             if step is not None and self._complete and not self._fetched:  # _boundary(fetch=False), inline
                 self._close()
                 step = None
