@@ -171,3 +171,111 @@ def test_the_fallback_and_the_off_option_take_the_python_wrappers(monkeypatch: p
     monkeypatch.setattr(instrumentor, "suppression_keys", keys)
     monkeypatch.setattr(pipeline, "get_telemetry", lambda: Configured())  # the pipeline's option wins
     assert instrumentor._native_gate() is None
+
+
+# -- the step tracker's hooks in C (StepHooks) against its Python methods ------------------------------------
+
+
+class Recorded:
+    """A real StepTracker whose calls into the rest of the state machine are recorded, not run."""
+
+    def __init__(self) -> None:
+        from otel_training.integrations.torch.steps import StepTracker
+
+        self.tracker = tracker = StepTracker()
+        self.calls: list[tuple[Any, ...]] = []
+        for name in ("_optimizer_pre_opening", "_optimizer_post_rest", "_stepped_once", "claim_if_dormant",
+                     "_hook_failed", "_failed"):
+            setattr(tracker, name, self._recorder(name))
+
+    def _recorder(self, name: str) -> Any:
+        def record(*args: Any) -> None:
+            self.calls.append((name, *args))
+        return record
+
+
+def _hooks(which: str | None, recorded: Recorded) -> Any:
+    return recorded.tracker if which is None else _gate(which).hooks(recorded.tracker)
+
+
+@pytest.mark.parametrize("which", _makers())
+def test_optimizer_hooks_count_nested_steps_and_close_on_the_outermost(which: str | None) -> None:
+    import threading
+
+    recorded = Recorded()
+    tracker, hooks, optimizer = recorded.tracker, _hooks(which, recorded), object()
+    tracker._step, tracker._owner = "open", threading.get_ident()
+    hooks.optimizer_pre(optimizer, (), {})
+    hooks.optimizer_pre(optimizer, (), {})  # a subclass's step() calling super().step(): nested
+    assert tracker.optimizer_calls == 2 and tracker._nested == {id(optimizer): 2}
+    hooks.optimizer_post(optimizer, (), {})
+    assert tracker._nested == {id(optimizer): 1} and recorded.calls == []  # the inner one: nothing yet
+    hooks.optimizer_post(optimizer, (), {})
+    assert tracker._nested == {} and recorded.calls == [("_stepped_once", optimizer, False)]
+
+
+@pytest.mark.parametrize("which", _makers())
+def test_optimizer_hooks_hand_the_unusual_cases_to_the_tracker(which: str | None) -> None:
+    recorded = Recorded()
+    tracker, hooks, optimizer = recorded.tracker, _hooks(which, recorded), object()
+    tracker._claim = lambda rank, world: True  # a dormant tracker claims the process at its first step
+    hooks.optimizer_pre(optimizer, (), {})  # no step open: opening one is the tracker's
+    assert recorded.calls == [("claim_if_dormant",), ("_optimizer_pre_opening",)]
+    recorded.calls.clear()
+    hooks.optimizer_post(optimizer, (), {})  # no step open
+    assert recorded.calls == [("_optimizer_post_rest", optimizer)]
+    recorded.calls.clear()
+    tracker._step, tracker._owner = "open", -1  # another thread's step
+    hooks.optimizer_pre(optimizer, (), {})
+    hooks.optimizer_post(optimizer, (), {})
+    assert recorded.calls == [("claim_if_dormant",), ("_optimizer_post_rest", optimizer)]
+
+
+@pytest.mark.parametrize("which", _makers())
+def test_optimizer_post_inside_suppress_instrumentation_closes_nothing(which: str | None) -> None:
+    import threading
+
+    recorded = Recorded()
+    tracker, hooks, optimizer = recorded.tracker, _hooks(which, recorded), object()
+    tracker._step, tracker._owner = "open", threading.get_ident()
+    hooks.optimizer_pre(optimizer, (), {})
+    with suppress_instrumentation():
+        hooks.optimizer_post(optimizer, (), {})
+    assert recorded.calls == [] and tracker._nested == {}
+
+
+@pytest.mark.parametrize("which", _makers())
+def test_backward_end_times_the_open_step_of_this_thread_only(which: str | None) -> None:
+    import threading
+    import time
+
+    recorded = Recorded()
+    tracker, hooks = recorded.tracker, _hooks(which, recorded)
+    hooks.backward_end()  # no step
+    tracker._step, tracker._owner = "open", -1
+    hooks.backward_end()  # another thread's
+    assert tracker._backward_ends == []
+    tracker._owner = threading.get_ident()
+    before = time.time_ns()
+    hooks.backward_end()
+    (end,) = tracker._backward_ends
+    assert type(end) is int and before <= end <= time.time_ns()
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C core here")
+def test_an_error_in_a_c_hook_is_reported_once_and_never_raised() -> None:
+    import threading
+
+    recorded = Recorded()
+    tracker, hooks, optimizer = recorded.tracker, _hooks("native", recorded), object()
+    tracker._nested = None  # broken state
+    hooks.optimizer_pre(optimizer, (), {})
+    hooks.optimizer_post(optimizer, (), {})
+    tracker._step, tracker._owner, tracker._backward_ends = "open", threading.get_ident(), None
+    hooks.backward_end()
+    names = [(call[0], call[1]) for call in recorded.calls]
+    assert names == [("_hook_failed", "optimizer_pre"), ("_hook_failed", "optimizer_post"),
+                     ("_hook_failed", "backward_end")]
+    assert all(isinstance(call[2], Exception) for call in recorded.calls)
+    del recorded.tracker._hook_failed  # the tracker's own: it logs once, raises nothing
+    hooks.backward_end()
