@@ -170,9 +170,9 @@ PyTypeObject GateType = {
     .tp_call = (ternaryfunc)gate_call,
 };
 
-/* StepHooks(tracker, variable, key, plain, wait_span_ns): the step tracker's four simplest hooks in C, as bound
- * methods (torch and the gates call them without a Python frame): fetch_end(started, error=None),
- * backward_end(), optimizer_pre(optimizer, args, kwargs), optimizer_post(optimizer, args, kwargs). Each does what the tracker's Python method does
+/* StepHooks(tracker, variable, key, plain): the step tracker's three simplest hooks in C, as bound methods
+ * (torch and the backward gate call them without a Python frame): backward_end(), optimizer_pre(optimizer,
+ * args, kwargs), optimizer_post(optimizer, args, kwargs). Each does what the tracker's Python method does
  * (integrations/torch/steps.py, the fallback) on the tracker's own attributes, and hands everything but the
  * usual case to a Python method of the tracker: _optimizer_pre_opening() when no step is open,
  * _stepped_once(optimizer, False) and _optimizer_post_rest(optimizer). Contained as the Python hooks are:
@@ -180,13 +180,11 @@ PyTypeObject GateType = {
 typedef struct {
     PyObject_HEAD
     PyObject *tracker, *variable, *key, *plain;
-    long long wait_span_ns; /* a wait at least this long gets a span: the Python fetch_end makes it */
 } StepHooks;
 
 static PyObject *one;
 static PyObject *s_step, *s_owner, *s_backward_ends, *s_optimizer_calls, *s_nested, *s_claim, *s_claim_if_dormant,
-    *s_pre_opening, *s_stepped_once, *s_post_rest, *s_hook_failed, *s_fetch_end, *s_wait_ns, *s_awaiting,
-    *s_device_step, *s_input_ready;
+    *s_pre_opening, *s_stepped_once, *s_post_rest, *s_hook_failed;
 
 static int hooks_names(void) {
     if (s_step != NULL) return 0;
@@ -203,11 +201,6 @@ static int hooks_names(void) {
     INTERN(s_stepped_once, "_stepped_once")
     INTERN(s_post_rest, "_optimizer_post_rest")
     INTERN(s_hook_failed, "_hook_failed")
-    INTERN(s_fetch_end, "fetch_end")
-    INTERN(s_wait_ns, "_wait_ns")
-    INTERN(s_awaiting, "_awaiting_input")
-    INTERN(s_device_step, "device_step")
-    INTERN(s_input_ready, "input_ready")
 #undef INTERN
     return 0;
 }
@@ -235,14 +228,10 @@ static void hooks_dealloc(StepHooks *self) {
 }
 
 static int hooks_init(StepHooks *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"tracker", "variable", "key", "plain", "wait_span_ns", NULL};
+    static char *names[] = {"tracker", "variable", "key", "plain", NULL};
     PyObject *tracker, *variable, *key, *plain;
-    long long wait_span_ns;
     if (hooks_names() < 0) return -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOL", names, &tracker, &variable, &key, &plain,
-                                     &wait_span_ns))
-        return -1;
-    self->wait_span_ns = wait_span_ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO", names, &tracker, &variable, &key, &plain)) return -1;
     if (!PyContextVar_CheckExact(variable)) {
         PyErr_SetString(PyExc_TypeError, "StepHooks: variable must be a contextvars.ContextVar");
         return -1;
@@ -297,18 +286,14 @@ static int hooks_suppressed(StepHooks *self) {
     return gate_suppressed(&probe);
 }
 
-static long long hooks_now_ns(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now); /* time.time_ns()'s clock */
-    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
-}
-
 static PyObject *hooks_backward_end(StepHooks *self, PyObject *unused) {
     (void)unused;
     int here = hooks_step_here(self);
     if (here < 0) return hooks_failed(self, "backward_end");
     if (!here) Py_RETURN_NONE;
-    PyObject *when = PyLong_FromLongLong(hooks_now_ns());
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    PyObject *when = PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
     PyObject *ends = when == NULL ? NULL : PyObject_GetAttr(self->tracker, s_backward_ends);
     int failed = ends == NULL;
     if (!failed && PyList_CheckExact(ends)) {
@@ -321,54 +306,6 @@ static PyObject *hooks_backward_end(StepHooks *self, PyObject *unused) {
     Py_XDECREF(ends);
     Py_XDECREF(when);
     if (failed) return hooks_failed(self, "backward_end");
-    Py_RETURN_NONE;
-}
-
-/* fetch_end(started, error=None): the DataLoader gate's end. The usual case (a short wait, no error): the wait
- * added to the step this thread has open, and its input marked ready (a step timed on the device). A wait long
- * enough for a span of its own, or an error, is the Python fetch_end's, whole. */
-static PyObject *hooks_fetch_end(StepHooks *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) return hooks_failed(self, "fetch_end");
-    PyObject *started = args[0];
-    if (started == Py_None) Py_RETURN_NONE;
-    long long ended = hooks_now_ns();
-    int overflow = 0;
-    long long began = PyLong_CheckExact(started) ? PyLong_AsLongLongAndOverflow(started, &overflow) : -1;
-    if (began == -1 && PyErr_Occurred()) PyErr_Clear();
-    if ((nargs == 2 && args[1] != Py_None) || began < 0 || overflow || ended - began >= self->wait_span_ns) {
-        PyObject *result = PyObject_VectorcallMethod(s_fetch_end, (PyObject *[]){self->tracker, args[0],
-                                                     nargs == 2 ? args[1] : Py_None}, 3, NULL);
-        if (result == NULL) return hooks_failed(self, "fetch_end");
-        Py_DECREF(result);
-        Py_RETURN_NONE;
-    }
-    PyObject *step = NULL, *waited = NULL, *more = NULL, *total = NULL, *awaiting = NULL, *device = NULL;
-    PyObject *result = NULL;
-    int ok = 0;
-    int here = hooks_step_here(self);
-    if (here < 0) goto done;
-    if (!here) {
-        ok = 1;
-        goto done;
-    }
-    if ((step = PyObject_GetAttr(self->tracker, s_step)) == NULL) goto done;
-    if ((waited = PyObject_GetAttr(self->tracker, s_wait_ns)) == NULL) goto done;
-    if ((more = PyLong_FromLongLong(ended - began)) == NULL) goto done;
-    if ((total = PyNumber_Add(waited, more)) == NULL) goto done;
-    if (PyObject_SetAttr(self->tracker, s_wait_ns, total) < 0) goto done;
-    if ((awaiting = PyObject_GetAttr(self->tracker, s_awaiting)) == NULL) goto done;
-    int truth = PyObject_IsTrue(awaiting);
-    if (truth < 0) goto done;
-    if (truth) { /* the batch is in: the step's device work may begin */
-        if (PyObject_SetAttr(self->tracker, s_awaiting, Py_False) < 0) goto done;
-        if ((device = PyObject_GetAttr(step, s_device_step)) == NULL) goto done;
-        if (device != Py_None && (result = PyObject_CallMethodNoArgs(step, s_input_ready)) == NULL) goto done;
-    }
-    ok = 1;
-done:
-    Py_XDECREF(step), Py_XDECREF(waited), Py_XDECREF(more), Py_XDECREF(total), Py_XDECREF(awaiting);
-    Py_XDECREF(device), Py_XDECREF(result);
-    if (!ok) return hooks_failed(self, "fetch_end");
     Py_RETURN_NONE;
 }
 
@@ -457,8 +394,6 @@ done:
 
 static PyMethodDef hooks_methods[] = {
     {"backward_end", (PyCFunction)hooks_backward_end, METH_NOARGS, "After the backward pass: its end time."},
-    {"fetch_end", (PyCFunction)(void (*)(void))hooks_fetch_end, METH_FASTCALL,
-     "After a DataLoader fetch: fetch_end(started, error=None)"},
     {"optimizer_pre", (PyCFunction)(void (*)(void))hooks_optimizer_pre, METH_FASTCALL,
      "torch's optimizer step pre-hook: (optimizer, args, kwargs)"},
     {"optimizer_post", (PyCFunction)(void (*)(void))hooks_optimizer_post, METH_FASTCALL,
@@ -471,8 +406,8 @@ PyTypeObject StepHooksType = {
     .tp_name = "otel_training._native.StepHooks",
     .tp_basicsize = sizeof(StepHooks),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "StepHooks(tracker, variable, key, plain, wait_span_ns): the step tracker's fetch_end, "
-              "backward_end, optimizer_pre and optimizer_post in C.",
+    .tp_doc = "StepHooks(tracker, variable, key, plain): the step tracker's backward_end, optimizer_pre and "
+              "optimizer_post in C.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)hooks_init,
     .tp_dealloc = (destructor)hooks_dealloc,

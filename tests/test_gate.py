@@ -195,9 +195,7 @@ class Recorded:
 
 
 def _hooks(which: str | None, recorded: Recorded) -> Any:
-    from otel_training.integrations.torch.steps import DATA_WAIT_SPAN_MIN_NS
-
-    return recorded.tracker if which is None else _gate(which).hooks(recorded.tracker, DATA_WAIT_SPAN_MIN_NS)
+    return recorded.tracker if which is None else _gate(which).hooks(recorded.tracker)
 
 
 @pytest.mark.parametrize("which", _makers())
@@ -264,70 +262,6 @@ def test_backward_end_times_the_open_step_of_this_thread_only(which: str | None)
     assert type(end) is int and before <= end <= time.time_ns()
 
 
-class Step:
-    """A step the fetch hook marks input-ready (``device_step``: timed on the device)."""
-
-    def __init__(self, device_timed: bool) -> None:
-        self.device_step = ("timeline", "step") if device_timed else None
-        self.ready = 0
-        self.span = "the step's span"
-
-    def input_ready(self) -> None:
-        self.ready += 1
-
-
-@pytest.mark.parametrize("which", _makers())
-def test_fetch_end_adds_a_short_wait_to_the_step_and_marks_its_input_ready(which: str | None,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-    import time
-
-    from otel_training.integrations.torch import steps
-
-    spans: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(steps, "record_span", lambda *args, **kwargs: spans.append((args, kwargs)))
-    recorded = Recorded()
-    tracker, hooks = recorded.tracker, _hooks(which, recorded)
-    for device_timed in (True, False):
-        step = Step(device_timed)
-        tracker._step, tracker._owner, tracker._wait_ns, tracker._awaiting_input = step, threading.get_ident(), 7, True
-        started = time.time_ns()
-        hooks.fetch_end(started)
-        assert 7 < tracker._wait_ns < 7 + steps.DATA_WAIT_SPAN_MIN_NS and tracker._awaiting_input is False
-        assert step.ready == (1 if device_timed else 0)
-        hooks.fetch_end(time.time_ns())  # the input was marked ready once
-        assert step.ready == (1 if device_timed else 0)
-    hooks.fetch_end(None)  # the fetch only raised StopIteration: no wait
-    tracker._owner = -1  # another thread's fetch: not this step's wait
-    waited = tracker._wait_ns
-    hooks.fetch_end(time.time_ns())
-    assert tracker._wait_ns == waited and spans == [] and recorded.calls == []
-
-
-@pytest.mark.parametrize("which", _makers())
-def test_fetch_end_gives_a_long_wait_or_an_error_a_span(which: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-    import time
-
-    from otel_training.integrations.torch import steps
-
-    spans: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(steps, "record_span", lambda *args, **kwargs: spans.append((args, kwargs)))
-    recorded = Recorded()
-    tracker, hooks = recorded.tracker, _hooks(which, recorded)
-    step = Step(False)
-    tracker._step, tracker._owner, tracker._wait_ns = step, threading.get_ident(), 0
-    started = time.time_ns() - 2 * steps.DATA_WAIT_SPAN_MIN_NS
-    hooks.fetch_end(started)
-    error = ValueError("a broken batch")
-    hooks.fetch_end(time.time_ns(), error)
-    hooks.fetch_end(time.time_ns(), StopIteration())  # the end of an epoch: no span
-    assert [args[2] for args, _ in spans] == [started, spans[1][0][2]] and len(spans) == 2
-    assert spans[0][1]["parent"] == step.span and spans[0][1]["error"] is None
-    assert spans[1][1]["error"] is error
-    assert tracker._wait_ns >= 2 * steps.DATA_WAIT_SPAN_MIN_NS and recorded.calls == []
-
-
 @pytest.mark.skipif(not NATIVE, reason="no C core here")
 def test_an_error_in_a_c_hook_is_reported_once_and_never_raised() -> None:
     import threading
@@ -339,14 +273,9 @@ def test_an_error_in_a_c_hook_is_reported_once_and_never_raised() -> None:
     hooks.optimizer_post(optimizer, (), {})
     tracker._step, tracker._owner, tracker._backward_ends = "open", threading.get_ident(), None
     hooks.backward_end()
-    tracker._wait_ns = None
-    hooks.fetch_end(1)  # a wait too long for the C path: the Python fetch_end, which contains its own errors
-    import time
-
-    hooks.fetch_end(time.time_ns())
     names = [(call[0], call[1]) for call in recorded.calls]
     assert names == [("_hook_failed", "optimizer_pre"), ("_hook_failed", "optimizer_post"),
-                     ("_hook_failed", "backward_end"), ("_failed", "fetch_end"), ("_hook_failed", "fetch_end")]
-    assert all(isinstance(call[2], Exception) for call in recorded.calls if call[0] == "_hook_failed")
+                     ("_hook_failed", "backward_end")]
+    assert all(isinstance(call[2], Exception) for call in recorded.calls)
     del recorded.tracker._hook_failed  # the tracker's own: it logs once, raises nothing
     hooks.backward_end()

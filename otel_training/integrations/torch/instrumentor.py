@@ -92,22 +92,21 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         import torch.optim.optimizer as optimizer_module
         import torch.utils.data.dataloader  # noqa: F401 - the iterator class below
 
-        from otel_training.integrations.torch import checkpoint, distributed, steps
+        from otel_training.integrations.torch import checkpoint, distributed
         from otel_training.integrations.torch.steps import StepTracker
 
         tracker = StepTracker(claim=self._claim, tracer_provider=self._tracer_provider)
         TorchInstrumentor.tracker = tracker
         self._undo.append(tracker.shutdown)
         gate = _native_gate()
-        # the C ones, else the tracker's own
-        hooks = gate.hooks(tracker, steps.DATA_WAIT_SPAN_MIN_NS) if gate is not None else tracker
+        hooks = gate.hooks(tracker) if gate is not None else tracker  # the C ones, else the tracker's own
         for register, hook in (
             (optimizer_module.register_optimizer_step_pre_hook, hooks.optimizer_pre),
             (optimizer_module.register_optimizer_step_post_hook, hooks.optimizer_post),
         ):
             self._undo.append(register(hook).remove)
-        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__",
-                   _fetch_wrapper(tracker, gate, hooks.fetch_end), gated=True)
+        self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker, gate),
+                   gated=True)
         self._wrap(torch.autograd, "backward", _backward_wrapper(tracker, gate, hooks.backward_end), gated=True)
         self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
@@ -200,10 +199,9 @@ class NativeHooks:
     def gate(self, begin: Callable[..., Any], end: Callable[..., Any], fetch: bool) -> Callable[..., Any]:
         return self._native.Gate(begin, end, *self._keys, fetch)  # type: ignore[no-any-return]
 
-    def hooks(self, tracker: Any, wait_span_ns: int) -> Any:
-        """An object with the tracker's ``fetch_end``, ``backward_end``, ``optimizer_pre`` and
-        ``optimizer_post``, in C (``wait_span_ns``: a fetch waited at least this long gets a span)."""
-        return self._native.StepHooks(tracker, *self._keys, wait_span_ns)
+    def hooks(self, tracker: Any) -> Any:
+        """An object with the tracker's ``backward_end``, ``optimizer_pre`` and ``optimizer_post``, in C."""
+        return self._native.StepHooks(tracker, *self._keys)
 
 
 def _native_gate() -> NativeHooks | None:
@@ -226,12 +224,10 @@ def _native_gate() -> NativeHooks | None:
     return NativeHooks(native, *keys)
 
 
-def _fetch_wrapper(tracker: Any, native: NativeHooks | None = None,
-                   end: Callable[..., None] | None = None) -> Callable[..., Any]:
-    """Gated itself: each fetch of a training loop passes here (in C with ``native``; ``end``: the fetch end
-    hook, the tracker's own by default)."""
+def _fetch_wrapper(tracker: Any, native: NativeHooks | None = None) -> Callable[..., Any]:
+    """Gated itself: each fetch of a training loop passes here (in C with ``native``)."""
     if native is not None:
-        return native.gate(tracker.fetch_begin, end or tracker.fetch_end, True)
+        return native.gate(tracker.fetch_begin, tracker.fetch_end, True)
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():
