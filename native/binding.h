@@ -55,6 +55,5 @@ void ot_py_span_release(RingCore *self);
 
 /* gate.c */
 extern PyTypeObject GateType;
-extern PyTypeObject StepHooksType;
 
 #endif

@@ -98,16 +98,15 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         tracker = StepTracker(claim=self._claim, tracer_provider=self._tracer_provider)
         TorchInstrumentor.tracker = tracker
         self._undo.append(tracker.shutdown)
-        gate = _native_gate()
-        hooks = gate.hooks(tracker) if gate is not None else tracker  # the C ones, else the tracker's own
         for register, hook in (
-            (optimizer_module.register_optimizer_step_pre_hook, hooks.optimizer_pre),
-            (optimizer_module.register_optimizer_step_post_hook, hooks.optimizer_post),
+            (optimizer_module.register_optimizer_step_pre_hook, tracker.optimizer_pre),
+            (optimizer_module.register_optimizer_step_post_hook, tracker.optimizer_post),
         ):
             self._undo.append(register(hook).remove)
+        gate = _native_gate()
         self._wrap(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__", _fetch_wrapper(tracker, gate),
                    gated=True)
-        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker, gate, hooks.backward_end), gated=True)
+        self._wrap(torch.autograd, "backward", _backward_wrapper(tracker, gate), gated=True)
         self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
         self._wrap(torch, "load", checkpoint.load_wrapper(tracker))
@@ -188,26 +187,11 @@ def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     return gated
 
 
-class NativeHooks:
-    """The C extension's per-step wrappers and hooks (``native/gate.c``): the DataLoader fetch and backward
-    wrappers (``gate``), and the step tracker's backward end and optimizer hooks (``hooks``), which call the
-    tracker's Python methods without a Python frame of their own."""
-
-    def __init__(self, native: Any, variable: Any, key: str, plain: str) -> None:
-        self._native, self._keys = native, (variable, key, plain)
-
-    def gate(self, begin: Callable[..., Any], end: Callable[..., Any], fetch: bool) -> Callable[..., Any]:
-        return self._native.Gate(begin, end, *self._keys, fetch)  # type: ignore[no-any-return]
-
-    def hooks(self, tracker: Any) -> Any:
-        """An object with the tracker's ``backward_end``, ``optimizer_pre`` and ``optimizer_post``, in C."""
-        return self._native.StepHooks(tracker, *self._keys)
-
-
-def _native_gate() -> NativeHooks | None:
-    """The C extension's per-step wrappers and hooks, or None for the Python ones below: without the
-    extension, with the ``native`` option ``off`` (the pipeline's, else the environment's and config file's),
-    or where the suppression check cannot be read in C. Asked once, when torch is patched."""
+def _native_gate() -> Callable[..., Any] | None:
+    """A maker of the C extension's per-step wrappers (``native/gate.c``: no Python frame of ours before the
+    tracker's hooks), or None for the Python ones below: without the extension, with the ``native`` option
+    ``off`` (the pipeline's, else the environment's and config file's), or where the suppression check cannot
+    be read in C. Asked once, when torch is patched."""
     from otel_training import _native_loader
     from otel_training.config.options import resolve
     from otel_training.pipeline.configure import get_telemetry
@@ -221,13 +205,19 @@ def _native_gate() -> NativeHooks | None:
     native = _native_loader.native("off" if mode == "off" else "auto")  # "on" without it: configure() refuses
     if native is None or keys is None:
         return None
-    return NativeHooks(native, *keys)
+    variable, key, plain = keys
+    gate_type = native.Gate
+
+    def gate(begin: Callable[..., Any], end: Callable[..., Any], fetch: bool) -> Callable[..., Any]:
+        return gate_type(begin, end, variable, key, plain, fetch)  # type: ignore[no-any-return]
+
+    return gate
 
 
-def _fetch_wrapper(tracker: Any, native: NativeHooks | None = None) -> Callable[..., Any]:
-    """Gated itself: each fetch of a training loop passes here (in C with ``native``)."""
-    if native is not None:
-        return native.gate(tracker.fetch_begin, tracker.fetch_end, True)
+def _fetch_wrapper(tracker: Any, gate: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Gated itself: each fetch of a training loop passes here (in C with ``gate``)."""
+    if gate is not None:
+        return gate(tracker.fetch_begin, tracker.fetch_end, True)
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():
@@ -244,12 +234,10 @@ def _fetch_wrapper(tracker: Any, native: NativeHooks | None = None) -> Callable[
     return wrapper
 
 
-def _backward_wrapper(tracker: Any, native: NativeHooks | None = None,
-                      end: Callable[[], None] | None = None) -> Callable[..., Any]:
-    """Gated itself: each backward pass passes here (in C with ``native``; ``end``: the backward end hook,
-    the tracker's own by default)."""
-    if native is not None:
-        return native.gate(tracker.backward_begin, end or tracker.backward_end, False)
+def _backward_wrapper(tracker: Any, gate: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Gated itself: each backward pass passes here (in C with ``gate``)."""
+    if gate is not None:
+        return gate(tracker.backward_begin, tracker.backward_end, False)
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():

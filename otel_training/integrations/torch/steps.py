@@ -310,15 +310,12 @@ class StepTracker(Dormancy, NestedWork):
             self._nested[key] = self._nested.get(key, 0) + 1
             if self._claim is not None:
                 self.claim_if_dormant()
-            if self._step is None:
-                self._optimizer_pre_opening()
+            if self._step is not None or not instrumentation_enabled() or not self._here():
+                return
+            if not self._just_closed:
+                self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("optimizer_pre")
-
-    def _optimizer_pre_opening(self) -> None:
-        """``optimizer_pre`` with no step open (the C hooks call it too, ``native/gate.c``)."""
-        if instrumentation_enabled() and self._here() and not self._just_closed:
-            self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
 
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -330,21 +327,11 @@ class StepTracker(Dormancy, NestedWork):
             # _here(), inline for the usual case: a step is open only while the tracker records.
             if self._step is not None and threading.get_ident() == self._owner:
                 if instrumentation_enabled():
-                    self._stepped_once(optimizer, False)
-            else:
-                self._optimizer_post_rest(optimizer)
+                    self._stepped_once(optimizer, skipped=False)
+            elif instrumentation_enabled() and self._here():
+                self._stepped_once(optimizer, skipped=False)
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("optimizer_post")
-
-    def _optimizer_post_rest(self, optimizer: Any) -> None:
-        """``optimizer_post`` outside a step this thread has open (the C hooks call it too)."""
-        if instrumentation_enabled() and self._here():
-            self._stepped_once(optimizer, False)
-
-    def _hook_failed(self, hook: str, error: BaseException | None) -> None:
-        """An internal error in a hook run in C (``native/gate.c``'s ``StepHooks``): logged once, as ``_failed``."""
-        log_once(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
-                 f"StepTracker.{hook}", exc_info=error if error is not None else False)  # type: ignore[arg-type]
 
     @contained(default=None)
     def scaler_skipped(self, optimizer: Any) -> None:
