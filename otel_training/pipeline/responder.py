@@ -153,7 +153,9 @@ class Requests:
         return RemoteStacks(stacks, "py-spy" if stacks is not None else None,
                             None if stacks is not None else f"{missing}; {error}", context)
 
-    def _ask_for_stacks(self, thread_id: int | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    def _ask(self, kind: int, value: int, wait_s: float) -> tuple[list[object] | None, OSError | None]:
+        """Send a request and wait up to ``wait_s`` for its answer (``deliver``): the answered slot
+        ``[stacks, event, context]``, or None when none came in time; the error when it could not be sent."""
         with self._lock:
             self._next += 1
             request_id = self._next
@@ -162,36 +164,28 @@ class Requests:
             self._waiting[request_id] = slot
         try:
             try:
-                os.write(self._fd, _REQUEST.pack(_ASK_STACKS, request_id, thread_id or 0))
+                os.write(self._fd, _REQUEST.pack(kind, request_id, value))
             except OSError as error:
-                return None, f"the training process could not be asked for its stacks ({error.strerror})", None
-            if answered.wait(self._wait_s):
-                return slot[0], None, slot[2]  # type: ignore[return-value]
-            return None, (f"the training process did not send its stacks within {self._wait_s * 1000:.0f} ms "
-                          "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)"), None
+                return None, error
+            return (slot if answered.wait(wait_s) else None), None
         finally:
             with self._lock:
                 self._waiting.pop(request_id, None)
 
+    def _ask_for_stacks(self, thread_id: int | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        slot, error = self._ask(_ASK_STACKS, thread_id or 0, self._wait_s)
+        if error is not None:
+            return None, f"the training process could not be asked for its stacks ({error.strerror})", None
+        if slot is not None:
+            return slot[0], None, slot[2]  # type: ignore[return-value]
+        return None, (f"the training process did not send its stacks within {self._wait_s * 1000:.0f} ms "
+                      "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)"), None
+
     def device_uuid(self, ordinal: int) -> str | None:
         """The UUID of the training process's CUDA device ``ordinal`` (``cuda_uuid`` there), within
         ``DEVICE_WAIT_S``; None when it does not know it cheaply or does not answer."""
-        with self._lock:
-            self._next += 1
-            request_id = self._next
-            answered = threading.Event()
-            slot: list[object] = [None, answered, None]
-            self._waiting[request_id] = slot
-        try:
-            os.write(self._fd, _REQUEST.pack(_ASK_DEVICE, request_id, max(0, ordinal)))
-            if not answered.wait(DEVICE_WAIT_S):
-                return None
-        except OSError:
-            return None
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-        uuid = (slot[2] or {}).get(sc.HW_ID)  # type: ignore[attr-defined]
+        slot, _ = self._ask(_ASK_DEVICE, max(0, ordinal), DEVICE_WAIT_S)
+        uuid = (slot[2] or {}).get(sc.HW_ID) if slot is not None else None  # type: ignore[attr-defined]
         return uuid if isinstance(uuid, str) else None
 
     def deliver(self, request_id: int, stacks: str, context: dict[str, Any] | None = None) -> None:
