@@ -54,23 +54,39 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _current_context_variable() -> contextvars.ContextVar[Any] | None:
+    """The ContextVar the SDK's default runtime context keeps the current context in, or None under any other
+    runtime context (``OTEL_PYTHON_CONTEXT``), whose public calls must run instead."""
+    from opentelemetry import context as context_api
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    return variable if type(runtime) is ContextVarsRuntimeContext and type(variable) is contextvars.ContextVar \
+        else None
+
+
+def _suppression_key_pair() -> tuple[str, str] | None:
+    """contrib's two suppression keys (the API's and its own plain one), as ``is_instrumentation_enabled()``
+    reads them, or None where contrib keeps them otherwise."""
+    from opentelemetry import context as context_api
+    from opentelemetry.instrumentation import utils
+
+    key = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+    plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
+    if (type(key) is not str or type(plain) is not str
+            or getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY", key) is not key):
+        return None
+    return key, plain
+
+
 def suppression_keys() -> tuple[contextvars.ContextVar[Any], str, str] | None:
     """(the runtime context's ContextVar, contrib's two suppression keys) for a check made in C (the torch
     instrumentor's per-step wrappers, ``native/gate.c``): instrumentation is suppressed when the current
     context holds a true value under either key, as ``is_instrumentation_enabled()`` reads it. None where the
     API or contrib keep them otherwise (another runtime context): the Python check runs there."""
-    from opentelemetry import context as context_api
-    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-    from opentelemetry.instrumentation import utils
-
-    key = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", None)
-    plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
-    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if (type(key) is not str or type(plain) is not str or getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY", key) is
-            not key or type(runtime) is not ContextVarsRuntimeContext or type(variable) is not contextvars.ContextVar):
-        return None
-    return variable, key, plain
+    variable, pair = _current_context_variable(), _suppression_key_pair()
+    return None if variable is None or pair is None else (variable, *pair)
 
 
 def instrumentation_check() -> Callable[[], bool]:
@@ -83,21 +99,15 @@ def instrumentation_check() -> Callable[[], bool]:
     from opentelemetry import context as context_api
     from opentelemetry.instrumentation import utils
 
-    key = getattr(context_api, "_SUPPRESS_INSTRUMENTATION_KEY", None)
-    plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
-    if key is None or plain is None or getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY", key) is not key:
+    pair = _suppression_key_pair()
+    if pair is None:
         return utils.is_instrumentation_enabled  # type: ignore[no-any-return]
+    key, plain = pair
     # The SDK's default runtime context keeps the current context in one ContextVar: read it directly (one C
     # call instead of two Python frames; a cold frame costs about a microsecond in a training loop). Any
     # other runtime context (OTEL_PYTHON_CONTEXT) goes through the public call.
-    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-
-    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, contextvars.ContextVar):
-        get_current = variable.get
-    else:
-        get_current = context_api.get_current
+    variable = _current_context_variable()
+    get_current = variable.get if variable is not None else context_api.get_current
 
     def enabled() -> bool:
         current = get_current()
@@ -126,14 +136,11 @@ def span_switch() -> SpanSwitch:
     from opentelemetry import context as context_api
     from opentelemetry import trace as trace_api
     from opentelemetry.context import Context
-    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     from opentelemetry.trace import propagation
 
     key = getattr(propagation, "_SPAN_KEY", None)
-    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if (type(key) is not str or type(runtime) is not ContextVarsRuntimeContext
-            or not isinstance(variable, contextvars.ContextVar)):
+    variable = _current_context_variable()
+    if type(key) is not str or variable is None:
         def public_attach(span: Any) -> object:
             return context_api.attach(trace_api.set_span_in_context(span))
 
