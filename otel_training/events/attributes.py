@@ -35,7 +35,9 @@ MAX_DEPTH = 4
 #: event, with room for the ones we add, as the SDK logs a warning per attribute
 #: past its limit (and going through 200,000 keys costs seconds on the training thread).
 MAX_KEYS = 100
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: Integers in [-INT64_LIMIT, INT64_LIMIT) are attribute values as they are; others become their text.
+INT64_LIMIT = 1 << 63
+_INT64_MIN, _INT64_MAX = -INT64_LIMIT, INT64_LIMIT - 1
 
 _SCALARS = (bool, int, float, str)
 
@@ -191,10 +193,7 @@ def _flatten(prefix: str, content: Mapping[Any, Any], out: dict[str, Any], depth
 #: ``batch_size=`` costs a dict lookup, not two calls. Bounded: a program that makes up keys refills it.
 #: ``Duration`` reads it for its inline path.
 CACHED_KEYS: dict[str, str] = {}
-_KEYS = CACHED_KEYS
 _MAX_CACHED_KEYS = 1024
-#: Integers in [-INT64_LIMIT, INT64_LIMIT) are attribute values as they are; others become their text.
-INT64_LIMIT = 1 << 63
 
 
 def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:
@@ -228,13 +227,13 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 log_once("to_attributes:keys", "otel_training: event content with more than %d keys; "
                          "the rest are dropped", MAX_KEYS, exc_info=False)
                 break
-            name = _KEYS.get(key) if type(key) is str and unnamed_prefix is CONTENT_PREFIX else None
+            name = CACHED_KEYS.get(key) if type(key) is str and unnamed_prefix is CONTENT_PREFIX else None
             if name is None:
                 name = key_for(_encodable(key) if type(key) is str else text(key), unnamed_prefix)
                 if type(key) is str and unnamed_prefix is CONTENT_PREFIX:
-                    if len(_KEYS) >= _MAX_CACHED_KEYS:
-                        _KEYS.clear()
-                    _KEYS[key] = name
+                    if len(CACHED_KEYS) >= _MAX_CACHED_KEYS:
+                        CACHED_KEYS.clear()
+                    CACHED_KEYS[key] = name
             if type(value) is float or type(value) is bool:
                 out[name] = value  # the common case, kept cheap
             elif type(value) is int:
