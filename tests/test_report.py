@@ -587,3 +587,21 @@ def test_the_html_timeline_shows_stuck_time_as_the_breakdown_counts_it_and_folds
                                                  alert("recovered", 10), alert("stuck", 13, "00000000000000bb")]))
     assert page.count("<details open>") == 2  # the first alert of each stuck span
     assert page.count("(repeat)") == 2 and page.count("<details>") == 3
+
+
+def test_alerts_at_one_time_are_listed_in_rank_order_whatever_order_they_were_read_in() -> None:
+    """Ranks stuck at one synchronised step can alert in the same microsecond (Jaeger keeps microseconds): the
+    report orders them by rank, so files read rank by rank and Jaeger's traces give the same text."""
+    records = crafted.records()
+    runs = {record.run.rank: record.run for record in records}
+    assert len(runs) >= 2
+    alerts = [dataclasses.replace(records[0], run=runs[rank], name=sc.SPAN_ALERT, span_id=f"00000000000000a{rank}",
+                                  attributes={sc.ALERT_KIND: sc.ALERT_KIND_STUCK, sc.ALERT_SPAN_NAME: "tie.step",
+                                              sc.ALERT_THRESHOLD_S: 0.5, sc.ALERT_ELAPSED_S: 0.5})
+              for rank in sorted(runs, reverse=True)]
+    one, other = build_report(records + alerts, []), build_report(records + alerts[::-1], [])
+    def ours(report: Any) -> list[int]:
+        return [alert.rank for alert in report.alerts if alert.span_name == "tie.step"]
+
+    assert ours(one) == sorted(runs) == ours(other)
+    assert render_summary(one) == render_summary(other)

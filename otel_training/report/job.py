@@ -228,7 +228,10 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
             {rank.rank: stats.median_of(rank.durations) for rank in with_steps},
             straggler_threshold, window=straggler_window, compact=True,
             mads={rank.rank: rank.window_mads for rank in with_steps}),
-        alerts=sorted(part.alerts, key=lambda alert: alert.time_ns),
+        # in time, ties in rank order: files read rank by rank and Jaeger's traces come in different orders, and
+        # alerts of ranks stuck at one synchronised step can share a microsecond (Jaeger keeps microseconds)
+        alerts=sorted(part.alerts, key=lambda alert: (alert.time_ns, alert.rank, alert.restart, alert.kind,
+                                                      alert.span_id)),
         rank_durations={rank.rank: rank.durations for rank in with_steps},
         step_sample=_plot_sample(ranks),
         problems=list(problems),
