@@ -55,5 +55,6 @@ void ot_py_span_release(RingCore *self);
 
 /* gate.c */
 extern PyTypeObject GateType;
+extern PyTypeObject CurrentSpanType, AttachSpanType; /* context.c */
 
 #endif

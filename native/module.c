@@ -661,7 +661,7 @@ static struct PyModuleDef native_module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0 || PyType_Ready(&SpanCoreType) < 0 ||
-        PyType_Ready(&GateType) < 0)
+        PyType_Ready(&GateType) < 0 || PyType_Ready(&CurrentSpanType) < 0 || PyType_Ready(&AttachSpanType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
@@ -669,8 +669,10 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(module, "DevicePoller", (PyObject *)&DevicePollerType) < 0 ||
         PyModule_AddObjectRef(module, "SpanCore", (PyObject *)&SpanCoreType) < 0 ||
         PyModule_AddObjectRef(module, "Gate", (PyObject *)&GateType) < 0 ||
+        PyModule_AddObjectRef(module, "CurrentSpan", (PyObject *)&CurrentSpanType) < 0 ||
+        PyModule_AddObjectRef(module, "AttachSpan", (PyObject *)&AttachSpanType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 5) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 6) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

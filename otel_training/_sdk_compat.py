@@ -131,8 +131,14 @@ class SpanSwitch(NamedTuple):
     detach: Callable[[Any], None]
 
 
-def span_switch() -> SpanSwitch:
-    """The ``SpanSwitch`` for the installed API (see its docstring)."""
+def span_switch(native: bool | None = None) -> SpanSwitch:
+    """The ``SpanSwitch`` for the installed API (see its docstring).
+
+    ``native``: on the default runtime context, ``current`` and ``attach`` are the C extension's
+    (``native/context.c``: the same operations on the same objects, no Python frame) where it loads, else the
+    Python closures below, the fallback; None decides as the process was started (``OTEL_TRAINING_NATIVE``;
+    ``off`` keeps the closures, whatever the extension). Asked once, at import, by the modules that switch.
+    """
     from opentelemetry import context as context_api
     from opentelemetry import trace as trace_api
     from opentelemetry.context import Context
@@ -146,6 +152,10 @@ def span_switch() -> SpanSwitch:
 
         return SpanSwitch(trace_api.get_current_span, public_attach, context_api.detach)
     invalid = trace_api.INVALID_SPAN
+    extension = _native_context(native)
+    if extension is not None:
+        return SpanSwitch(extension.CurrentSpan(variable, key, invalid), extension.AttachSpan(variable, key, Context),
+                          variable.reset)
     get = variable.get
     put = variable.set
 
@@ -158,6 +168,21 @@ def span_switch() -> SpanSwitch:
         return put(Context(values))
 
     return SpanSwitch(current, attach, variable.reset)
+
+
+def _native_context(native: bool | None) -> Any:
+    """The C extension for ``span_switch`` (None: the Python closures): ``native`` True or False decides,
+    None follows ``OTEL_TRAINING_NATIVE`` as read at start (``off``: the closures); never logs (the pipeline
+    says once whether the extension loads, for the whole process)."""
+    import os
+
+    from otel_training import _native_loader
+
+    if native is None:
+        native = os.environ.get("OTEL_TRAINING_NATIVE", "auto").strip().lower() != "off"
+    if not native or _native_loader.problem() is not None:
+        return None
+    return _native_loader.native("auto")
 
 
 def batch_queue_length(processor: BatchSpanProcessor) -> int | None:

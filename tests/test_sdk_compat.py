@@ -23,7 +23,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import otel_training
-from otel_training import _sdk_compat
+from otel_training import _native_loader, _sdk_compat
+
+
+def _require_extension() -> None:
+    """The C extension's tests run where it is built (CI builds it); elsewhere they say why not."""
+    pytest.skip(f"no C extension here: {_native_loader.problem()}")
 
 PACKAGE = Path(otel_training.__file__).parent
 
@@ -144,15 +149,22 @@ def test_no_module_but_sdk_compat_reaches_into_opentelemetry_internals() -> None
     assert uses == []
 
 
-def test_span_switch_reads_and_switches_the_current_span_as_the_api_does() -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["python", "c"])
+def test_span_switch_reads_and_switches_the_current_span_as_the_api_does(native: bool) -> None:
     """``span_switch`` goes around the API's frames on the default runtime context: the same current span, the
-    same context after attach and detach, and the API sees what it set."""
+    same context after attach and detach, and the API sees what it set; the C extension's calls
+    (``native/context.c``) and the Python closures alike."""
     from opentelemetry import context as context_api
     from opentelemetry import trace as trace_api
     from opentelemetry.trace import NonRecordingSpan, SpanContext
 
-    switch = _sdk_compat.span_switch()
-    assert switch.current.__qualname__.startswith("span_switch")  # the fast one, on the installed API
+    if native and _native_loader.problem() is not None:
+        _require_extension()
+    switch = _sdk_compat.span_switch(native)
+    if native:  # the extension's, no Python frame
+        assert type(switch.current).__name__ == "CurrentSpan" and type(switch.attach).__name__ == "AttachSpan"
+    else:  # the fast closures, on the installed API
+        assert switch.current.__qualname__.startswith("span_switch")
     outer = NonRecordingSpan(SpanContext(1, 2, False))
     inner = NonRecordingSpan(SpanContext(1, 3, False))
     assert switch.current() is trace_api.get_current_span() is trace_api.INVALID_SPAN
@@ -168,3 +180,35 @@ def test_span_switch_reads_and_switches_the_current_span_as_the_api_does() -> No
     assert switch.current() is trace_api.INVALID_SPAN
     assert _sdk_compat.trace_id_of(SpanContext(9, 8, False)) == 9
 
+
+
+def test_the_c_span_switch_outside_any_context_and_on_bad_calls() -> None:
+    """In a fresh thread context (nothing set yet) the C reader gives the invalid span and attach starts from an
+    empty context; wrong calls raise TypeError, as a Python function would, never crash."""
+    import contextvars
+
+    from opentelemetry import trace as trace_api
+    from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+    if _native_loader.problem() is not None:
+        _require_extension()
+    switch = _sdk_compat.span_switch(True)
+    span = NonRecordingSpan(SpanContext(4, 5, False))
+
+    def fresh() -> None:
+        assert switch.current() is trace_api.INVALID_SPAN
+        token = switch.attach(span)
+        assert trace_api.get_current_span() is span and switch.current() is span
+        switch.detach(token)
+        assert switch.current() is trace_api.INVALID_SPAN
+
+    contextvars.Context().run(fresh)
+    for call in (lambda: switch.current(1), lambda: switch.attach(), lambda: switch.attach(span, span),
+                 lambda: switch.attach(span=span)):
+        with pytest.raises(TypeError):
+            call()
+    extension = _native_loader.native("on")
+    with pytest.raises(TypeError):
+        extension.CurrentSpan(object(), "key", None)
+    with pytest.raises(TypeError):
+        extension.AttachSpan(contextvars.ContextVar("v"), "key", "not a type")
