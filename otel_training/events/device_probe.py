@@ -1,7 +1,7 @@
 """Finding the device a pipeline's steps run on, once one is in use.
 
 Separate from the timeline itself: the per-step fast path asks ``may_probe()``
-(a dict lookup while torch is not imported, a clock read between probes), and tests or other accelerators
+(at most once a second, torch imported or not: the steps read the clock inline between probes), and tests or other accelerators
 replace detection with ``use_device(factory)``.
 """
 
@@ -38,18 +38,16 @@ PROBE_INTERVAL_S = 1.0
 
 
 def may_probe(runtime: EventsRuntime) -> bool:
-    """False while no device can be in use (torch not imported, no factory), and between two probes that found
+    """False while no device can be in use (torch not imported, no factory) and between two probes that found
     none (at most one a ``PROBE_INTERVAL_S``): the per-step fast path. A factory (``use_device``) is asked on
     every step until it gives a device."""
     if _factory is not None:
         return True
-    if "torch" not in sys.modules:
-        return False
     now = time.monotonic()
     if now < runtime.device_probe_at:
         return False
-    runtime.device_probe_at = now + PROBE_INTERVAL_S
-    return True
+    runtime.device_probe_at = now + PROBE_INTERVAL_S  # torch or not: the steps' inline clock check skips the call
+    return "torch" in sys.modules
 
 
 def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | None:

@@ -158,8 +158,11 @@ class Duration:
             if parent is None or parent._span is not current:
                 span = start_child(rt, self.name, current, self._attributes, parent is not None)
             elif rt.admit(trace_id_of((holder := parent._segment or current).get_span_context())):
-                # within budget: a child of the parent, or of the trace segment it continues in
-                span = start_child(rt, self.name, holder, self._attributes, False, holder is current)
+                # within budget: a child of the parent, or of the trace segment it continues in (counted above;
+                # the offloaded tracer's start_child called here, a frame fewer than span_factory's)
+                starter = rt.start_child
+                span = (starter(self.name, holder, self._attributes) if starter is not None
+                        else start_child(rt, self.name, holder, self._attributes, False, holder is current))
             else:  # the parent continues in a new trace segment, once its trace is over budget
                 context = parent._context_for_child(rt)
                 if context is None:

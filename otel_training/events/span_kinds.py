@@ -7,6 +7,8 @@ device timeline that the time between steps is not a hang.
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from time import monotonic as _monotonic
 from typing import Any
 
@@ -16,6 +18,19 @@ from otel_training._sdk_compat import trace_id_of
 from otel_training.events import device_probe
 from otel_training.events.duration import _CURRENT, Duration
 from otel_training.events.runtime import EventsRuntime
+
+
+def _with_defaults(function: Callable[..., Any], **defaults: Any) -> Callable[..., Any]:
+    """``function`` itself (its code, no wrapper frame) with other defaults for its trailing parameters."""
+    code = function.__code__
+    names = code.co_varnames[:code.co_argcount]
+    values = dict(zip(names[len(names) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
+    values.update(defaults)
+    copy = types.FunctionType(code, function.__globals__, function.__name__, tuple(values[name] for name in
+                              names[len(names) - len(values):]), function.__closure__)
+    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = function.__kwdefaults__, function.__qualname__, \
+        function.__doc__
+    return copy
 
 
 class StepDuration(Duration):
@@ -33,13 +48,6 @@ class StepDuration(Duration):
 
     #: A phase of a step is a plain Duration (the device timeline times whole steps).
     _STAGE_CLASS = Duration
-
-    def begin(self) -> Duration:
-        return self.begin_detached(False, None, False)
-
-    def __enter__(self) -> Duration:
-        self.begin_detached(False, None, False)  # begin()'s work, a frame fewer: ``with trainer.step()``
-        return self
 
     def begin_awaiting_input(self) -> Duration:
         """Begin a step that opens by fetching its batch: its device time starts at ``input_ready()``.
@@ -71,8 +79,10 @@ class StepDuration(Duration):
         step = timeline = None
         if self._span is None:
             try:
-                if rt is None:
-                    rt = self._process.events_runtime()
+                if rt is None:  # Process.events_runtime(), inline for its usual case: the runtime it keeps
+                    rt = self._process._runtime  # noqa: SLF001 - the same layer's hot path
+                    if rt is None or rt.closed:
+                        rt = self._process.events_runtime()
                 timeline = rt.device
                 # may_probe's own clock check first, inline: between probes a step asks nothing more
                 if timeline is None and _monotonic() >= rt.device_probe_at and device_probe.may_probe(rt):
@@ -94,6 +104,10 @@ class StepDuration(Duration):
             timeline.started(step, span)  # type: ignore[union-attr]
             self.device_step = (timeline, step)  # type: ignore[assignment]
         return self
+
+    #: ``begin()`` and ``with trainer.step()``: ``begin_detached`` itself, made current (``detached=False`` by
+    #: default), so a step begins in one frame of ours rather than two.
+    begin = __enter__ = _with_defaults(begin_detached, awaiting_input=False, rt=None, detached=False)
 
 
 class HostWork(Duration):
