@@ -54,7 +54,7 @@ PyObject *ot_py_begin_span(RingCore *self, PyObject *const *args, Py_ssize_t nar
 void ot_py_span_release(RingCore *self);
 
 /* gate.c */
-extern PyTypeObject GateType;
+extern PyTypeObject GateType, EnabledType; /* gate.c */
 extern PyTypeObject CurrentSpanType, AttachSpanType; /* context.c */
 
 #endif

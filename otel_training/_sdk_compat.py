@@ -89,12 +89,13 @@ def suppression_keys() -> tuple[contextvars.ContextVar[Any], str, str] | None:
     return None if variable is None or pair is None else (variable, *pair)
 
 
-def instrumentation_check() -> Callable[[], bool]:
+def instrumentation_check(native: bool | None = None) -> Callable[[], bool]:
     """A faster ``is_instrumentation_enabled()`` for hooks that run several times a training step.
 
     contrib's check reads the current context twice through ``get_value``, five
     Python calls; a torch step passes it seven times. This reads the context
-    once. Imported by integrations only: the contrib module it reads is theirs.
+    once, in C where the extension loads (``native/gate.c``'s InstrumentationEnabled, no Python frame;
+    ``native`` as for ``span_switch``). Imported by integrations only: the contrib module it reads is theirs.
     """
     from opentelemetry import context as context_api
     from opentelemetry.instrumentation import utils
@@ -107,6 +108,9 @@ def instrumentation_check() -> Callable[[], bool]:
     # call instead of two Python frames; a cold frame costs about a microsecond in a training loop). Any
     # other runtime context (OTEL_PYTHON_CONTEXT) goes through the public call.
     variable = _current_context_variable()
+    extension = _native_context(native) if variable is not None else None
+    if extension is not None:
+        return extension.InstrumentationEnabled(variable, key, plain)  # type: ignore[no-any-return]
     get_current = variable.get if variable is not None else context_api.get_current
 
     def enabled() -> bool:

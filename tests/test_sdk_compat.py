@@ -125,12 +125,24 @@ def _private_otel_uses(path: Path) -> list[str]:
     return found
 
 
-def test_the_fast_instrumentation_check_reads_contribs_suppression_keys() -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["python", "c"])
+def test_the_fast_instrumentation_check_reads_contribs_suppression_keys(native: bool) -> None:
+    """The check the torch hooks make, as contrib's: in Python and in C (``native/gate.c``), in and out of
+    ``suppress_instrumentation()``, with either key, and in a context where nothing is set yet."""
+    import contextvars
+
     from opentelemetry import context as context_api
     from opentelemetry.instrumentation.utils import is_instrumentation_enabled, suppress_instrumentation
 
-    enabled = _sdk_compat.instrumentation_check()
+    if native and _native_loader.problem() is not None:
+        _require_extension()
+    enabled = _sdk_compat.instrumentation_check(native)
     assert enabled is not is_instrumentation_enabled  # the fast one, not the fallback
+    assert (type(enabled).__name__ == "InstrumentationEnabled") is native
+    assert contextvars.Context().run(enabled) is True
+    if native:
+        with pytest.raises(TypeError):
+            enabled(1)
     assert enabled() is is_instrumentation_enabled() is True
     with suppress_instrumentation():
         assert enabled() is is_instrumentation_enabled() is False
