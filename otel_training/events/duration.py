@@ -230,8 +230,12 @@ class Duration:
         if previous is not None:
             previous.end()
 
-    def end(self) -> None:
-        """End the span (status unset unless ``success``/``fail`` said otherwise)."""
+    def end(self, attributes: Mapping[str, Any] | None = None) -> None:
+        """End the span (status unset unless ``success``/``fail`` said otherwise).
+
+        ``attributes``: valid attributes to set as it ends, as they are (an integration's counts: no conversion,
+        the span's own ``set_attributes``), in the same call: the torch tracker ends every step so.
+        """
         pending = self.device_step
         if pending is not None:  # a step timed on the device's timeline: its device end marker first
             self.device_step = None
@@ -257,6 +261,8 @@ class Duration:
                 waiting = values.ended(span)
                 if waiting:
                     span.set_attribute(sc.VALUES_PENDING, waiting)
+            if attributes:
+                span.set_attributes(attributes)
             span.end()
             # A NonRecordingSpan (OTEL_SDK_DISABLED) has no parent attribute.
             if getattr(span, "parent", None) is None and self._runtime is not None:
@@ -271,13 +277,6 @@ class Duration:
         self._segment.end()  # type: ignore[union-attr]
 
     # -- outcome ------------------------------------------------------------
-    def _set_valid(self, attributes: dict[str, Any]) -> None:
-        """``extra_args`` for attributes already valid (an integration's counts): nothing to convert."""
-        if self._span is None:
-            self._attributes.update(attributes)
-        else:
-            self._span.set_attributes(attributes)
-
     @contained(default=None)
     def extra_args(self, **content: Any) -> Duration:
         """Add content (attributes) before or during the span (a one-element device tensor: read once computed)."""

@@ -80,10 +80,6 @@ class TrainerProcess(Process):
         return StepDuration(self, sc.SPAN_STEP, content, event_name="#step",
                             attributes=None if global_step is None else {sc.STEP: global_step})
 
-    def _step(self, attributes: dict[str, Any]) -> StepDuration:
-        """A step whose attributes are valid as they are (an integration's own): nothing to convert."""
-        return StepDuration(self, sc.SPAN_STEP, None, event_name="#step", attributes=attributes)
-
     def data_wait(self, **content: Any) -> Duration:
         """The wait for the next batch, inside a step (``batch = next(batches)``): counted as data loading, as
         the torch instrumentor counts a blocking DataLoader fetch, not as the step's work or host time."""

@@ -8,7 +8,7 @@ device timeline that the time between steps is not a hang.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from time import monotonic as _monotonic
 from typing import Any
 
@@ -137,9 +137,9 @@ class HostWork(Duration):
                 current.host_work += 1
         return self
 
-    def end(self) -> None:
+    def end(self, attributes: Mapping[str, Any] | None = None) -> None:
         counted, self._counted_in = self._counted_in, None
-        super().end()
+        super().end(attributes)
         if counted is not None:
             if self.name == sc.SPAN_TRAIN:
                 counted.training = False

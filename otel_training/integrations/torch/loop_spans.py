@@ -47,7 +47,9 @@ class LoopSpans:
         self._trainer = trainer
         self._train: Duration | None = None
         self._epoch: Duration | None = None
-        self._epoch_iterator: weakref.ReferenceType[Any] | None = None
+        #: The iterator of the epoch open now (a weak reference; None: none): read by the fetch hook, which calls
+        #: ``fetched`` only for another iterator (a new epoch's first fetch).
+        self.epoch_iterator: weakref.ReferenceType[Any] | None = None
         self._epochs = 0
         #: The context the loop's work begins in: its epoch's or its train span's, or None (the caller's).
         #: An attribute, not a property: the step tracker reads it on every step. Read-only outside.
@@ -86,7 +88,7 @@ class LoopSpans:
         """A training fetch from ``iterator``: a new iterator is a new epoch (the previous one ends)."""
         if self._train is None or self._train_context is None:
             return
-        previous = self._epoch_iterator() if self._epoch_iterator is not None else None
+        previous = self.epoch_iterator() if self.epoch_iterator is not None else None
         if previous is iterator:
             return
         self.end_epoch()
@@ -96,12 +98,12 @@ class LoopSpans:
         self._epoch = epoch
         self.context = epoch.context()
         try:
-            self._epoch_iterator = weakref.ref(iterator)
+            self.epoch_iterator = weakref.ref(iterator)
         except TypeError:  # an iterator without weak references: kept by identity until the next one
-            self._epoch_iterator = lambda: iterator  # type: ignore[assignment]
+            self.epoch_iterator = lambda: iterator  # type: ignore[assignment]
 
     def end_epoch(self) -> None:
-        epoch, self._epoch, self._epoch_iterator = self._epoch, None, None
+        epoch, self._epoch, self.epoch_iterator = self._epoch, None, None
         if epoch is not None:
             epoch.end()
             self.context = self._train_context

@@ -43,6 +43,7 @@ from otel_training._sdk_compat import instrumentation_check
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.events.runtime import EventsRuntime
+from otel_training.events.span_kinds import StepDuration
 from otel_training.integrations.spans import record_span
 from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
@@ -131,7 +132,8 @@ class StepTracker(Dormancy, NestedWork):
         self._just_closed = False
         if rt is None:
             rt = self._training()
-        step = self.trainer._step({sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
+        step = StepDuration(self.trainer, sc.SPAN_STEP, None, event_name="#step",  # valid attributes: no conversion
+                            attributes={sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
         loop = self.loop.context
         if loop is None:
             step.begin_detached(awaiting_input, rt)
@@ -169,12 +171,6 @@ class StepTracker(Dormancy, NestedWork):
         if self._complete and self._expected is None:
             self._expected = frozenset(self._stepped)
         substeps = len(self._backward_ends)
-        step._set_valid({
-            sc.STEP_SUBSTEPS: substeps,
-            sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
-            sc.STEP_SKIPPED: self._optimizer_steps == 0,
-            sc.STEP_DATA_WAIT_S: self._wait_ns / 1e9,
-        })
         if self.collectives is not None:
             step.extra_args(**self.collectives.step_attributes())
         if substeps >= 2:
@@ -184,7 +180,12 @@ class StepTracker(Dormancy, NestedWork):
                             {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span,
                             events=self.trainer.events_runtime())
                 start = end
-        step.end()
+        step.end({  # the step's counts, set as it ends
+            sc.STEP_SUBSTEPS: substeps,
+            sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
+            sc.STEP_SKIPPED: self._optimizer_steps == 0,
+            sc.STEP_DATA_WAIT_S: self._wait_ns / 1e9,
+        })
         self._number += 1
         fetched = self._fetched
         self._reset()
@@ -243,8 +244,11 @@ class StepTracker(Dormancy, NestedWork):
                     step = None
                 if step is None and not exhausted:
                     if torch.is_grad_enabled():
-                        rt = self._rt if self._rt is not None and self.loop.started else self._training()
-                        self.loop.fetched(iterator)
+                        loop = self.loop
+                        rt = self._rt if self._rt is not None and loop.started else self._training()
+                        epoch_of = loop.epoch_iterator
+                        if epoch_of is None or epoch_of() is not iterator:  # fetched()'s own check, inline
+                            loop.fetched(iterator)
                         self._open(True, rt)
                     elif self._number:  # batches without gradients after training began: an evaluation
                         self.loop.begin_evaluation()
