@@ -56,5 +56,6 @@ void ot_py_span_release(RingCore *self);
 /* gate.c */
 extern PyTypeObject GateType, EnabledType; /* gate.c */
 extern PyTypeObject CurrentSpanType, AttachSpanType; /* context.c */
+extern PyTypeObject PlainAttributesType;            /* attributes.c */
 
 #endif

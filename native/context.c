@@ -126,10 +126,6 @@ static PyObject *attach_span_call(ContextCall *self, PyObject *const *args, size
     return token;
 }
 
-static PyObject *context_call_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 #define CONTEXT_CALL_TYPE(c_name, python_name, init, call, doc)                                              \
     static PyObject *c_name##_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {                     \
         (void)args, (void)kwargs;                                                                             \
@@ -149,7 +145,7 @@ static PyObject *context_call_tp_call(PyObject *self, PyObject *args, PyObject *
         .tp_dealloc = (destructor)context_call_dealloc,                                                       \
         .tp_traverse = (traverseproc)context_call_traverse,                                                   \
         .tp_clear = (inquiry)context_call_clear,                                                              \
-        .tp_call = context_call_tp_call,                                                                      \
+        .tp_call = PyVectorcall_Call,                                                                          \
     };
 
 CONTEXT_CALL_TYPE(CurrentSpanType, "CurrentSpan", current_span_init, (vectorcallfunc)current_span_call,

@@ -661,7 +661,8 @@ static struct PyModuleDef native_module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0 || PyType_Ready(&SpanCoreType) < 0 ||
-        PyType_Ready(&GateType) < 0 || PyType_Ready(&EnabledType) < 0 || PyType_Ready(&CurrentSpanType) < 0 || PyType_Ready(&AttachSpanType) < 0)
+        PyType_Ready(&GateType) < 0 || PyType_Ready(&EnabledType) < 0 || PyType_Ready(&CurrentSpanType) < 0 || PyType_Ready(&AttachSpanType) < 0 ||
+        PyType_Ready(&PlainAttributesType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
@@ -672,6 +673,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(module, "InstrumentationEnabled", (PyObject *)&EnabledType) < 0 ||
         PyModule_AddObjectRef(module, "CurrentSpan", (PyObject *)&CurrentSpanType) < 0 ||
         PyModule_AddObjectRef(module, "AttachSpan", (PyObject *)&AttachSpanType) < 0 ||
+        PyModule_AddObjectRef(module, "PlainAttributes", (PyObject *)&PlainAttributesType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
         PyModule_AddIntConstant(module, "ABI", 6) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {

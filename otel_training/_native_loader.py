@@ -64,3 +64,18 @@ def native(mode: str = "auto") -> ModuleType | None:
         _told = True
         logger.warning("otel_training: %s; the pure-Python fallback runs instead (docs/offload.md)", why)
     return None
+
+
+def at_import(native: bool | None = None) -> ModuleType | None:
+    """The extension for the hot-path helpers a module picks once, at import (the current span's switch, the
+    suppression check, a Duration's plain attributes: each the same operation as its Python twin, without a
+    Python frame), or None for the Python twins. ``native`` True or False decides; None follows
+    ``OTEL_TRAINING_NATIVE`` as the process was started (``off``: the Python twins). Never logs: the pipeline
+    says once, for the whole process, whether the extension loads."""
+    import os
+
+    if native is None:
+        native = os.environ.get("OTEL_TRAINING_NATIVE", "auto").strip().lower() != "off"
+    if not native or problem() is not None:
+        return None
+    return _loaded

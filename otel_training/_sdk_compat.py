@@ -27,6 +27,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
+from otel_training import _native_loader
+
 __all__ = [
     "BaseConfigurator",
     "attribute_items",
@@ -108,7 +110,7 @@ def instrumentation_check(native: bool | None = None) -> Callable[[], bool]:
     # call instead of two Python frames; a cold frame costs about a microsecond in a training loop). Any
     # other runtime context (OTEL_PYTHON_CONTEXT) goes through the public call.
     variable = _current_context_variable()
-    extension = _native_context(native) if variable is not None else None
+    extension = _native_loader.at_import(native) if variable is not None else None
     if extension is not None:
         return extension.InstrumentationEnabled(variable, key, plain)  # type: ignore[no-any-return]
     get_current = variable.get if variable is not None else context_api.get_current
@@ -156,7 +158,7 @@ def span_switch(native: bool | None = None) -> SpanSwitch:
 
         return SpanSwitch(trace_api.get_current_span, public_attach, context_api.detach)
     invalid = trace_api.INVALID_SPAN
-    extension = _native_context(native)
+    extension = _native_loader.at_import(native)
     if extension is not None:
         return SpanSwitch(extension.CurrentSpan(variable, key, invalid), extension.AttachSpan(variable, key, Context),
                           variable.reset)
@@ -172,21 +174,6 @@ def span_switch(native: bool | None = None) -> SpanSwitch:
         return put(Context(values))
 
     return SpanSwitch(current, attach, variable.reset)
-
-
-def _native_context(native: bool | None) -> Any:
-    """The C extension for ``span_switch`` (None: the Python closures): ``native`` True or False decides,
-    None follows ``OTEL_TRAINING_NATIVE`` as read at start (``off``: the closures); never logs (the pipeline
-    says once whether the extension loads, for the whole process)."""
-    import os
-
-    from otel_training import _native_loader
-
-    if native is None:
-        native = os.environ.get("OTEL_TRAINING_NATIVE", "auto").strip().lower() != "off"
-    if not native or _native_loader.problem() is not None:
-        return None
-    return _native_loader.native("auto")
 
 
 def batch_queue_length(processor: BatchSpanProcessor) -> int | None:

@@ -24,6 +24,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
+from otel_training import _native_loader
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained, log_once
 from otel_training._sdk_compat import span_switch, trace_id_of
@@ -42,6 +43,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The current span, read and switched in the fewest Python frames the runtime context allows.
 _SWITCH = span_switch()
+
+#: ``native/attributes.c``'s PlainAttributes: the inline content path below as one C call (None: Python only).
+_PLAIN = (lambda extension: None if extension is None else extension.PlainAttributes(
+    sc.EVENT_TARGET, sc.EVENT_NAME, _PLAIN_KEYS, MAX_KEYS))(_native_loader.at_import())
 
 _CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
 
@@ -84,11 +89,17 @@ class Duration:
         # Names become span names and attributes: a lone surrogate would lose the span at export.
         self.name = name if type(name) is str and name.isascii() else text(name)
         self.event_name = event_name or self.name
-        attrs = {sc.EVENT_TARGET: process.target, sc.EVENT_NAME: self.event_name}
-        if attributes:
-            attrs.update(attributes)
         #: One-element device tensors in the content, read once computed (``values.py``); None: none.
         self._late: list[tuple[str, Any]] | None = None
+        # The usual content (a step's batch size, a loss as a float: keys already seen, plain numbers) in one C
+        # call where the extension loads; None: anything else, converted below.
+        attrs = _PLAIN(process.target, self.event_name, attributes, content) if _PLAIN is not None else None
+        if attrs is not None:
+            content = None
+        else:
+            attrs = {sc.EVENT_TARGET: process.target, sc.EVENT_NAME: self.event_name}
+            if attributes:
+                attrs.update(attributes)
         if content:
             # The usual content (a step's batch size, a loss as a float) inline: keys already seen, plain
             # numbers. Anything else (or a user's odd mapping) is converted whole by to_attributes.
