@@ -54,8 +54,11 @@ PyObject *ot_py_begin_span(RingCore *self, PyObject *const *args, Py_ssize_t nar
 void ot_py_span_release(RingCore *self);
 
 /* gate.c */
-extern PyTypeObject GateType, EnabledType; /* gate.c */
-extern PyTypeObject CurrentSpanType, AttachSpanType; /* context.c */
+extern PyTypeObject GateType; /* gate.c */
+/* 1 inside suppress_instrumentation() (the context in variable holds a true value under key or plain), 0 outside,
+ * -1 with an exception (gate.c). */
+int ot_suppressed(PyObject *variable, PyObject *key, PyObject *plain);
+extern PyTypeObject CurrentSpanType, AttachSpanType, EnabledType; /* context.c */
 extern PyTypeObject PlainAttributesType;            /* attributes.c */
 
 #endif

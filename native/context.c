@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 
+#include "binding.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *variable, *key, *other; /* other: CurrentSpan's default, AttachSpan's context type */
@@ -44,7 +46,9 @@ static void context_call_dealloc(ContextCall *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int context_call_init(ContextCall *self, PyObject *args, PyObject *kwargs, const char *what, char *third) {
+/* Its fields from (variable, key, third): all given in the constructor, so no instance is ever callable half
+ * made (no __init__ to skip). */
+static int context_call_fill(ContextCall *self, PyObject *args, PyObject *kwargs, const char *what, char *third) {
     char *names[] = {"variable", "key", third, NULL};
     PyObject *variable, *key, *other;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUO", names, &variable, &key, &other)) return -1;
@@ -52,20 +56,27 @@ static int context_call_init(ContextCall *self, PyObject *args, PyObject *kwargs
         PyErr_Format(PyExc_TypeError, "%s: variable must be a contextvars.ContextVar", what);
         return -1;
     }
-    Py_XSETREF(self->variable, Py_NewRef(variable));
-    Py_XSETREF(self->key, Py_NewRef(key));
-    Py_XSETREF(self->other, Py_NewRef(other));
+    self->variable = Py_NewRef(variable), self->key = Py_NewRef(key), self->other = Py_NewRef(other);
     return 0;
 }
 
-static int current_span_init(ContextCall *self, PyObject *args, PyObject *kwargs) {
-    return context_call_init(self, args, kwargs, "CurrentSpan", "default");
+static int current_span_fill(ContextCall *self, PyObject *args, PyObject *kwargs) {
+    return context_call_fill(self, args, kwargs, "CurrentSpan", "default");
 }
 
-static int attach_span_init(ContextCall *self, PyObject *args, PyObject *kwargs) {
-    if (context_call_init(self, args, kwargs, "AttachSpan", "context_type") < 0) return -1;
+static int attach_span_fill(ContextCall *self, PyObject *args, PyObject *kwargs) {
+    if (context_call_fill(self, args, kwargs, "AttachSpan", "context_type") < 0) return -1;
     if (!PyType_Check(self->other)) {
         PyErr_SetString(PyExc_TypeError, "AttachSpan: context_type must be a type");
+        return -1;
+    }
+    return 0;
+}
+
+static int enabled_fill(ContextCall *self, PyObject *args, PyObject *kwargs) {
+    if (context_call_fill(self, args, kwargs, "InstrumentationEnabled", "plain") < 0) return -1;
+    if (!PyUnicode_Check(self->other)) {
+        PyErr_SetString(PyExc_TypeError, "InstrumentationEnabled: plain must be a str");
         return -1;
     }
     return 0;
@@ -126,12 +137,29 @@ static PyObject *attach_span_call(ContextCall *self, PyObject *const *args, size
     return token;
 }
 
-#define CONTEXT_CALL_TYPE(c_name, python_name, init, call, doc)                                              \
+/* InstrumentationEnabled(variable, key, plain)(): not inside suppress_instrumentation(), gate.c's check as a call
+ * (the step tracker's optimizer hooks ask it on every step; in Python it is a frame of ours). */
+static PyObject *enabled_call(ContextCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    (void)args;
+    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "enabled() takes no arguments");
+        return NULL;
+    }
+    int off = ot_suppressed(self->variable, self->key, self->other);
+    if (off < 0) return NULL;
+    return PyBool_FromLong(!off);
+}
+
+#define CONTEXT_CALL_TYPE(c_name, python_name, fill, call, doc)                                              \
     static PyObject *c_name##_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {                     \
-        (void)args, (void)kwargs;                                                                             \
-        PyObject *self = type->tp_alloc(type, 0);                                                             \
-        if (self != NULL) ((ContextCall *)self)->vectorcall = call;              \
-        return self;                                                                                          \
+        ContextCall *self = (ContextCall *)type->tp_alloc(type, 0);                                           \
+        if (self == NULL) return NULL;                                                                        \
+        self->vectorcall = call;                                                                              \
+        if (fill(self, args, kwargs) < 0) {                                                                   \
+            Py_DECREF(self);                                                                                  \
+            return NULL;                                                                                      \
+        }                                                                                                     \
+        return (PyObject *)self;                                                                              \
     }                                                                                                         \
     PyTypeObject c_name = {                                                                                   \
         PyVarObject_HEAD_INIT(NULL, 0)                                                                        \
@@ -141,14 +169,15 @@ static PyObject *attach_span_call(ContextCall *self, PyObject *const *args, size
         .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,                     \
         .tp_doc = doc,                                                                                        \
         .tp_new = c_name##_new,                                                                               \
-        .tp_init = (initproc)init,                                                                            \
         .tp_dealloc = (destructor)context_call_dealloc,                                                       \
         .tp_traverse = (traverseproc)context_call_traverse,                                                   \
         .tp_clear = (inquiry)context_call_clear,                                                              \
         .tp_call = PyVectorcall_Call,                                                                          \
     };
 
-CONTEXT_CALL_TYPE(CurrentSpanType, "CurrentSpan", current_span_init, (vectorcallfunc)current_span_call,
+CONTEXT_CALL_TYPE(CurrentSpanType, "CurrentSpan", current_span_fill, (vectorcallfunc)current_span_call,
                   "CurrentSpan(variable, key, default)(): the current context's span, or default (in C).")
-CONTEXT_CALL_TYPE(AttachSpanType, "AttachSpan", attach_span_init, (vectorcallfunc)attach_span_call,
+CONTEXT_CALL_TYPE(AttachSpanType, "AttachSpan", attach_span_fill, (vectorcallfunc)attach_span_call,
                   "AttachSpan(variable, key, context_type)(span): make span current; returns the token (in C).")
+CONTEXT_CALL_TYPE(EnabledType, "InstrumentationEnabled", enabled_fill, (vectorcallfunc)enabled_call,
+                  "InstrumentationEnabled(variable, key, plain)(): True outside suppress_instrumentation() (in C).")

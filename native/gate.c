@@ -17,7 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <stddef.h>
+#include "binding.h"
 
 typedef struct {
     PyObject_HEAD
@@ -74,7 +74,7 @@ static int gate_init(Gate *self, PyObject *args, PyObject *kwargs) {
 
 /* 1 inside suppress_instrumentation() (the current context, in ``variable``, holds a true value under ``key`` or
  * ``plain``), 0 outside, -1 with an exception. */
-static int suppressed(PyObject *variable, PyObject *key, PyObject *plain) {
+int ot_suppressed(PyObject *variable, PyObject *key, PyObject *plain) {
     PyObject *current = NULL;
     if (PyContextVar_Get(variable, NULL, &current) < 0) return -1;
     if (current == NULL) return 0; /* no context set yet: nothing suppressed */
@@ -97,6 +97,10 @@ static int suppressed(PyObject *variable, PyObject *key, PyObject *plain) {
 
 static PyObject *gate_call(Gate *self, PyObject *args, PyObject *kwargs) {
     PyObject *wrapped, *instance, *call_args, *call_kwargs;
+    if (self->variable == NULL) { /* made by Gate.__new__ alone, never initialised */
+        PyErr_SetString(PyExc_TypeError, "Gate: not initialised");
+        return NULL;
+    }
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
         PyErr_SetString(PyExc_TypeError, "Gate takes (wrapped, instance, args, kwargs)");
         return NULL;
@@ -107,7 +111,7 @@ static PyObject *gate_call(Gate *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *passed = call_kwargs == Py_None ? NULL : call_kwargs;
-    int off = suppressed(self->variable, self->key, self->plain);
+    int off = ot_suppressed(self->variable, self->key, self->plain);
     if (off < 0) return NULL;
     if (off) return PyObject_Call(wrapped, call_args, passed);
     if (!self->fetch) {
@@ -169,72 +173,4 @@ PyTypeObject GateType = {
     .tp_traverse = (traverseproc)gate_traverse,
     .tp_clear = (inquiry)gate_clear,
     .tp_call = (ternaryfunc)gate_call,
-};
-
-/* InstrumentationEnabled(variable, key, plain)(): not suppressed (the check above, as a call: the step tracker's
- * optimizer hooks ask it on every step; in Python it is a frame of ours, _sdk_compat.instrumentation_check's). */
-typedef struct {
-    PyObject_HEAD
-    PyObject *variable, *key, *plain;
-    vectorcallfunc vectorcall;
-} Enabled;
-
-static int enabled_traverse(Enabled *self, visitproc visit, void *arg) {
-    Py_VISIT(self->variable);
-    Py_VISIT(self->key);
-    Py_VISIT(self->plain);
-    return 0;
-}
-
-static int enabled_clear(Enabled *self) {
-    Py_CLEAR(self->variable);
-    Py_CLEAR(self->key);
-    Py_CLEAR(self->plain);
-    return 0;
-}
-
-static void enabled_dealloc(Enabled *self) {
-    PyObject_GC_UnTrack(self);
-    enabled_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *enabled_call(Enabled *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    (void)args;
-    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "enabled() takes no arguments");
-        return NULL;
-    }
-    int off = suppressed(self->variable, self->key, self->plain);
-    if (off < 0) return NULL;
-    return PyBool_FromLong(!off);
-}
-
-static PyObject *enabled_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"variable", "key", "plain", NULL};
-    PyObject *variable, *key, *plain;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO", names, &variable, &key, &plain)) return NULL;
-    if (!PyContextVar_CheckExact(variable)) {
-        PyErr_SetString(PyExc_TypeError, "InstrumentationEnabled: variable must be a contextvars.ContextVar");
-        return NULL;
-    }
-    Enabled *self = (Enabled *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    self->variable = Py_NewRef(variable), self->key = Py_NewRef(key), self->plain = Py_NewRef(plain);
-    self->vectorcall = (vectorcallfunc)enabled_call;
-    return (PyObject *)self;
-}
-
-PyTypeObject EnabledType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_training._native.InstrumentationEnabled",
-    .tp_basicsize = sizeof(Enabled),
-    .tp_vectorcall_offset = offsetof(Enabled, vectorcall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "InstrumentationEnabled(variable, key, plain)(): True outside suppress_instrumentation() (in C).",
-    .tp_new = enabled_new,
-    .tp_dealloc = (destructor)enabled_dealloc,
-    .tp_traverse = (traverseproc)enabled_traverse,
-    .tp_clear = (inquiry)enabled_clear,
-    .tp_call = PyVectorcall_Call,
 };

@@ -220,6 +220,13 @@ def test_the_c_span_switch_outside_any_context_and_on_bad_calls() -> None:
         with pytest.raises(TypeError):
             call()
     extension = _native_loader.native("on")
+    for made_half in (lambda: extension.CurrentSpan.__new__(extension.CurrentSpan)(),
+                      lambda: extension.InstrumentationEnabled.__new__(extension.InstrumentationEnabled)(),
+                      lambda: extension.Gate.__new__(extension.Gate)(None, None, (), None)):
+        with pytest.raises(TypeError):  # never an instance without its fields, never a crash
+            made_half()
+    with pytest.raises(TypeError):
+        extension.InstrumentationEnabled(contextvars.ContextVar("v"), "key", 1)
     with pytest.raises(TypeError):
         extension.CurrentSpan(object(), "key", None)
     with pytest.raises(TypeError):
