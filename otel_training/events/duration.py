@@ -44,9 +44,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The current span, read and switched in the fewest Python frames the runtime context allows.
 _SWITCH = span_switch()
 
-#: ``native/attributes.c``'s PlainAttributes: the inline content path below as one C call (None: Python only).
-_PLAIN = (lambda extension: None if extension is None else extension.PlainAttributes(
-    sc.EVENT_TARGET, sc.EVENT_NAME, _PLAIN_KEYS, MAX_KEYS))(_native_loader.at_import())
+
+
+def _plain_attributes() -> Callable[..., dict[str, Any] | None] | None:
+    """``native/attributes.c``'s PlainAttributes: ``Duration``'s inline content path as one C call (None: the
+    Python path alone)."""
+    extension = _native_loader.at_import()
+    if extension is None:
+        return None
+    return extension.PlainAttributes(sc.EVENT_TARGET, sc.EVENT_NAME, _PLAIN_KEYS, MAX_KEYS)  # type: ignore[no-any-return]
+
+
+_PLAIN = _plain_attributes()
 
 _CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
 
