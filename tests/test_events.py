@@ -569,3 +569,20 @@ def test_a_span_recorded_after_the_fact_fails_like_a_duration_even_if_the_error_
     waits = [span for span in _spans(telemetry) if span["name"] == sc.SPAN_DATA_WAIT]
     assert [w["status"]["code"] for w in waits] == [2, 2]  # ERROR
     assert [w["attributes"][sc.ERROR_TYPE].rsplit(".", 1)[-1] for w in waits] == ["Unprintable", "error"]
+
+
+def test_a_process_that_first_met_a_shut_down_pipeline_records_into_the_next_one(configure, tmp_path) -> None:
+    """A Process whose first span came while the global pipeline was shut down (and still global: nothing had
+    configured the next yet) keeps no runtime of it: once a new pipeline is configured, its spans go there.
+    Before, it kept that runtime for good and every later span was lost (test_compat_areal after
+    test_compat_dlrover: a module-level Process, exported=0)."""
+    first = configure(exporter="file", output_dir=str(tmp_path / "first"))
+    first.shutdown(timeout_s=2)
+    trainer = otel_training.TrainerProcess()
+    with trainer.step(global_step=1):  # the shut-down pipeline: nothing is exported, nothing raises
+        pass
+    telemetry = configure(exporter="file", output_dir=str(tmp_path / "second"))
+    with trainer.step(global_step=2):
+        pass
+    steps = [span for span in _spans(telemetry) if span["name"] == "training.step"]
+    assert [span["attributes"][sc.STEP] for span in steps] == [2]

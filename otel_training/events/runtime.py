@@ -98,8 +98,10 @@ class EventsRuntime:
         #: Device values logged here, read once computed (``values.py``); None with an injected provider, whose
         #: pipeline cannot hold a span for them: they are described there, as before.
         self.values: PendingValues | None = None
-        #: Its pipeline began shutting down: the ``Process`` objects that kept it look their runtime up again.
-        self.closed = False
+        #: Its pipeline began shutting down: the ``Process`` objects that kept it look their runtime up again. True
+        #: from the start for a pipeline already shut down (still the global one until the next ``configure()``),
+        #: whose shutdown callbacks have run: kept, such a runtime would never be let go.
+        self.closed = telemetry.is_shut_down
         if tracer is None:
             self.values = PendingValues(telemetry.deliver_values, float(telemetry.options.get("values_hold_s", 30.0)))
         telemetry.on_shutdown(self.close)
