@@ -23,6 +23,11 @@ process pays.
     .venv/bin/python bench/bench_events.py --default-pipeline --offload
 
 ``--offload`` measures the C core and the pure-Python fallback (``native="off"``) in the same rounds.
+
+``--instructions`` counts each side's instructions under callgrind instead (``bench/_callgrind.py``): the
+same ratios, deterministic to a few parts in 10 000, for a machine whose speed varies from round to round:
+
+    .venv/bin/python bench/bench_events.py --offload --spans 2000 --rounds 3 --instructions
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import gc
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +53,24 @@ import otel_training
 from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.goodput import GoodputSpanProcessor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _callgrind  # noqa: E402  (bench/'s own helper, beside this script)
+
+#: The side being measured (main() sets it), for the instruction counts' labels.
+_SIDE = [""]
+
+
+def _measure_begins(n: int) -> int:
+    """The measured loop of ``n`` steps begins: its CPU clock, and a callgrind segment under ``--instructions``."""
+    _callgrind.mark(_SIDE[0], n)
+    return time.process_time_ns()
+
+
+def _measure_ends(start: int) -> int:
+    elapsed = time.process_time_ns() - start
+    _callgrind.mark(None)
+    return elapsed
+
 
 class _Discard(SpanExporter):
     def export(self, spans):
@@ -57,13 +81,13 @@ def bare_sdk(n: int) -> float:
     provider = TracerProvider(resource=Resource.create({}), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(_Discard()))
     tracer = provider.get_tracer("bench")
-    start = time.process_time_ns()
+    start = _measure_begins(n)
     with tracer.start_as_current_span("training.epoch"):  # steps live in an epoch, as in training
         for step in range(n):
             with tracer.start_as_current_span("training.step",
                                               attributes={"training.step": step, "training.batch.size": 32}):
                 pass
-    elapsed = time.process_time_ns() - start
+    elapsed = _measure_ends(start)
     provider.shutdown()
     return elapsed / n / 1000
 
@@ -80,12 +104,12 @@ def otel_training_step(n: int, **options: bool) -> float:
     batch = CountingBatchSpanProcessor(_Discard())
     telemetry.add_span_processor(batch)
     trainer = otel_training.TrainerProcess()
-    start = time.process_time_ns()
+    start = _measure_begins(n)
     with trainer.epoch(epoch=0):  # so the trace-size budget is counted, as in training
         for step in range(n):
             with trainer.step(global_step=step, batch_size=32):
                 pass
-    elapsed = time.process_time_ns() - start
+    elapsed = _measure_ends(start)
     telemetry.shutdown(timeout_s=5)
     return elapsed / n / 1000
 
@@ -105,12 +129,12 @@ def offload_step(n: int, native: str = "auto") -> float:
             raise SystemExit("the drain process did not start within 30 s")
         drain_cpu = _cpu_of(telemetry._drain.pid)  # noqa: SLF001 - the bench reads the drain's CPU
         trainer = otel_training.TrainerProcess()
-        start = time.process_time_ns()
+        start = _measure_begins(n)
         with trainer.epoch(epoch=0):
             for step in range(n):
                 with trainer.step(global_step=step, batch_size=32):
                     pass
-        elapsed = time.process_time_ns() - start
+        elapsed = _measure_ends(start)
         telemetry.force_flush(timeout_s=60)
         drain_cpu = _cpu_of(telemetry._drain.pid) - drain_cpu  # noqa: SLF001
         telemetry.shutdown(timeout_s=30)
@@ -180,7 +204,13 @@ def main() -> None:
                         help="also measure trainer.step() with offload=True (default options, a real trace file)")
     parser.add_argument("--gc", action="store_true", help="leave the cyclic GC on while measuring")
     parser.add_argument("--ballast", type=int, default=0, help="objects kept alive meanwhile (default: %(default)s)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under callgrind instead of CPU time (deterministic; "
+                             "bench/_callgrind.py; try --spans 2000 --rounds 3: valgrind runs ~50x slower)")
     args = parser.parse_args()
+    if args.instructions and not _callgrind.active():
+        report_instructions(args, _callgrind.run(sys.argv))
+        return
     ballast = [{"i": index, "children": []} for index in range(args.ballast // 3)]  # a dict and a list each
     sides = {"bare": bare_sdk, "ours": otel_training_step}
     if args.default_pipeline:
@@ -190,7 +220,8 @@ def main() -> None:
         sides["offload"] = offload_step
         sides["fallback"] = offload_fallback_step
     for measure in sides.values():
-        measure(2000)  # warm up imports and caches
+        measure(min(2000, args.spans))  # warm up imports and caches
+    _callgrind.start()
     OFFLOAD_SEEN.clear()
     FALLBACK_SEEN.clear()
     results: dict[str, list] = {name: [] for name in sides}
@@ -200,6 +231,7 @@ def main() -> None:
         names = list(sides)
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            _SIDE[0] = name
             gc.collect()
             if not args.gc:
                 gc.disable()
@@ -208,6 +240,9 @@ def main() -> None:
             finally:
                 gc.enable()
     del ballast
+    if _callgrind.active():
+        _callgrind.finish()
+        return
     if args.gc:
         print(f"cyclic GC on, {len(gc.get_objects())} objects tracked after the ballast was freed (+{args.ballast})")
     bare = results["bare"]
@@ -239,6 +274,24 @@ def main() -> None:
         collecting = statistics.median(cost[1] for cost in results["goodput"])
         print(f"GoodputSpanProcessor per step span    : {on_thread:6.2f} µs on the training thread (on_start + on_end), "
               f"{collecting:.2f} µs on the metric reader's thread")
+
+
+def report_instructions(args: argparse.Namespace, per_span: dict[str, list[float]]) -> None:
+    """``--instructions``: each side's instructions a span (all the process's threads), and its ratio to the bare
+    SDK span's, round by round. Both sides are mostly the same interpreter running Python, so the ratio reads
+    close to a CPU-time ratio; the drain process (offload) is not counted, as its CPU is not on the CPU side."""
+    bare = per_span["bare"]
+    print(f"instructions a span counted by callgrind, {args.rounds} rounds of {args.spans} "
+          f"(median; min-max over rounds)")
+    print(f"bare SDK span + BatchSpanProcessor    : {statistics.median(bare):9.0f} ({min(bare):.0f}-{max(bare):.0f})")
+    labels = {"ours": "trainer.step(), metrics+goodput off", "default": "trainer.step(), offload=False, defaults",
+              "offload": "trainer.step(), offload=True", "fallback": "  the same, pure-Python fallback"}
+    for name, label in labels.items():
+        if name in per_span:
+            ratios = [side / base for side, base in zip(per_span[name], bare)]
+            print(f"{label:38s}: {statistics.median(per_span[name]):9.0f}, ratio to bare "
+                  f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}; goal <= "
+                  f"{1.15 if name in ('ours', 'default') else 0.2})")
 
 
 if __name__ == "__main__":

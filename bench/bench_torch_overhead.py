@@ -26,7 +26,11 @@ was made in a round is paid in that round); ``--offload`` runs the pipeline
 with ``offload=True`` (docs/offload.md), so the CPU figure is the training
 process's alone and the drain process's is printed apart. ``--split`` takes the
 instrumented rounds' extra CPU apart instead (``split()``): the hooks alone,
-the step tracker without spans, and all of it.
+the step tracker without spans, and all of it; with ``--instructions`` it counts
+instructions under callgrind instead of CPU time (``bench/_callgrind.py``: the same
+split, deterministic, for a machine whose speed varies from round to round):
+
+    .venv/bin/python bench/bench_torch_overhead.py --hidden 16 --batch-size 2 --batches 500 --rounds 2 --split --offload --instructions
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
@@ -44,6 +49,9 @@ from opentelemetry.trace import INVALID_SPAN
 
 import otel_training
 from otel_training.integrations.torch import TorchInstrumentor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _callgrind  # noqa: E402  (bench/'s own helper, beside this script)
 
 
 def make_loop(hidden: int, batch_size: int, batches: int, device: str = "cpu"):
@@ -98,7 +106,13 @@ def main() -> None:
     parser.add_argument("--offload", action="store_true", help="configure(offload=True): spans built by a drain")
     parser.add_argument("--split", action="store_true",
                         help="instead: where the instrumented rounds' extra CPU goes (see split())")
+    parser.add_argument("--instructions", action="store_true",
+                        help="with --split: count instructions under callgrind instead of CPU time "
+                             "(deterministic; bench/_callgrind.py)")
     args = parser.parse_args()
+    if args.split and args.instructions and not _callgrind.active():
+        report_instructions(args, _callgrind.run(sys.argv))
+        return
     if args.split:
         split(args)
         return
@@ -236,6 +250,7 @@ def split(args: argparse.Namespace) -> None:
         epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
         instrumentor = TorchInstrumentor()
         epoch()
+        _callgrind.start()
         cpu: dict[str, list[float]] = {name: [] for name in variants}
         for round_index in range(args.rounds):
             order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
@@ -244,14 +259,20 @@ def split(args: argparse.Namespace) -> None:
                     setattr(tracker, attribute, method)
                 if variants[name] is not None:
                     instrumentor.instrument()
+                _callgrind.mark(name)
                 started = time.process_time()
                 steps_done = epoch()
                 cpu[name].append((time.process_time() - started) / steps_done)
+                _callgrind.count(steps_done)
+                _callgrind.mark(None)
                 if variants[name] is not None:
                     instrumentor.uninstrument()
         for attribute, method in shipped.items():
             setattr(tracker, attribute, method)
         telemetry.shutdown(timeout_s=10)
+    if _callgrind.active():
+        _callgrind.finish()
+        return
     plain = statistics.median(cpu["plain"])
     print(f"MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch_size}, {args.batches} steps a round, "
           f"{args.rounds} rounds of each, {'offload=True' if args.offload else 'in-process'}; process CPU per step")
@@ -262,6 +283,19 @@ def split(args: argparse.Namespace) -> None:
               f"(rounds {min(extra) * 1e6:.1f} to {max(extra) * 1e6:.1f}; at the floor, each side's fastest round: "
               f"{(min(values) - floor) * 1e6:.1f})" if name != "plain"
               else f"{name:11s} {plain * 1e6:8.1f} us   (fastest round {floor * 1e6:.1f} us)")
+
+
+def report_instructions(args: argparse.Namespace, per_step: dict[str, list[float]]) -> None:
+    """``--split --instructions``: each variant's instructions a step, and the extra over the plain loop's."""
+    print(f"MLP 256-{args.hidden}-{args.hidden}-10, batch {args.batch_size}, {args.batches} steps a round, "
+          f"{args.rounds} rounds of each, {'offload=True' if args.offload else 'in-process'}; instructions a step "
+          f"counted by callgrind in the training process (all its threads)")
+    plain = per_step["plain"]
+    for name, values in per_step.items():
+        extra = [value - base for value, base in zip(values, plain)]
+        print(f"{name:11s} {statistics.median(values):11.0f}" + (
+            f"   extra {statistics.median(extra):8.0f} (rounds {min(extra):.0f} to {max(extra):.0f})"
+            if name != "plain" else f"   (rounds {min(values):.0f} to {max(values):.0f})"))
 
 
 if __name__ == "__main__":
