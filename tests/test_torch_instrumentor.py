@@ -371,6 +371,38 @@ def test_uninstrument_restores_everything(configure):
     assert not path.exists() or not Counter(s["name"] for s in read_spans(path))[sc.SPAN_STEP]
 
 
+def test_uninstrument_after_someone_wrapped_over_us_leaves_theirs_and_ours_only_passes_calls_on(configure, caplog):
+    """Another tool wraps the DataLoader fetch after us: uninstrumenting cannot take ours out of their chain
+    without dropping theirs, so ours stays there, closed (no step recorded), and the log says so once."""
+    import wrapt
+
+    telemetry = configure()
+    original = dataloader_module._BaseDataLoaderIter.__next__
+    theirs: list[int] = []
+
+    def their_wrapper(wrapped, instance, args, kwargs):
+        theirs.append(1)
+        return wrapped(*args, **kwargs)
+
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument()
+    ours = vars(dataloader_module._BaseDataLoaderIter)["__next__"]
+    wrapt.wrap_function_wrapper(dataloader_module, "_BaseDataLoaderIter.__next__", their_wrapper)
+    try:
+        with caplog.at_level("WARNING", logger="otel_training"):
+            instrumentor.uninstrument()
+        assert vars(dataloader_module._BaseDataLoaderIter)["__next__"].__wrapped__ is ours  # theirs kept
+        assert "wrapped again" in caplog.text
+        model = make_model()
+        train(model, torch.optim.SGD(model.parameters(), lr=0.01), 3)
+        assert len(theirs) == 4  # three batches and the end of the epoch, through theirs and ours
+        assert telemetry.force_flush(5).completed
+        path = telemetry.trace_path
+        assert not path.exists() or not Counter(s["name"] for s in read_spans(path))[sc.SPAN_STEP]
+    finally:
+        dataloader_module._BaseDataLoaderIter.__next__ = original
+
+
 def test_instrumentation_errors_never_reach_the_training_loop(instrumented, monkeypatch):
     from otel_training.integrations.torch import steps
 
