@@ -11,6 +11,7 @@ file, batch span processor).
     .venv/bin/python bench/bench_torch_overhead.py --device cuda --hidden 4096 --batch-size 512 --batches 50
     .venv/bin/python bench/bench_torch_overhead.py --hidden 64 --batch-size 8 --batches 200 --flush [--offload]
     .venv/bin/python bench/bench_torch_overhead.py --hidden 16 --batch-size 2 --batches 500 --rounds 7 --split [--offload]
+    .venv/bin/python bench/bench_torch_overhead.py --hidden 16 --batch-size 2 --batches 40 --rounds 80 --split --offload
 
 (``--device cuda``: the loop on the GPU, pinned memory, ``non_blocking`` copies,
 ``loss.item()`` every 10 steps, so the instrumented rounds also time every step
@@ -26,7 +27,10 @@ was made in a round is paid in that round); ``--offload`` runs the pipeline
 with ``offload=True`` (docs/offload.md), so the CPU figure is the training
 process's alone and the drain process's is printed apart. ``--split`` takes the
 instrumented rounds' extra CPU apart instead (``split()``): the hooks alone,
-the step tracker without spans, and all of it; with ``--instructions`` it counts
+the step tracker without spans, and all of it; it also prints each variant's
+median step against the plain loop's, from every step's own CPU time (short
+rounds, many of them: the steadiest time figure on a machine whose speed
+varies from round to round); with ``--instructions`` it counts
 instructions under callgrind instead of CPU time (``bench/_callgrind.py``: the same
 split, deterministic, for a machine whose speed varies from round to round):
 
@@ -66,9 +70,13 @@ def make_loop(hidden: int, batch_size: int, batches: int, device: str = "cpu"):
     ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def epoch() -> int:
+    def epoch(stamps: list[int] | None = None) -> int:
+        """One pass; ``stamps``: the process CPU clock as each iteration's body begins (a step is the time
+        between two: the fetch, forward, backward and optimizer step, and the hooks in them)."""
         steps = 0
         for x, y in loader:
+            if stamps is not None:
+                stamps.append(time.process_time_ns())
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -252,6 +260,7 @@ def split(args: argparse.Namespace) -> None:
         epoch()
         _callgrind.start()
         cpu: dict[str, list[float]] = {name: [] for name in variants}
+        per_step: dict[str, list[list[int]]] = {name: [] for name in variants}
         for round_index in range(args.rounds):
             order = list(variants) if round_index % 2 == 0 else list(reversed(variants))
             for name in order:
@@ -260,9 +269,12 @@ def split(args: argparse.Namespace) -> None:
                 if variants[name] is not None:
                     instrumentor.instrument()
                 _callgrind.mark(name)
+                stamps: list[int] = []
                 started = time.process_time()
-                steps_done = epoch()
+                steps_done = epoch(stamps)
                 cpu[name].append((time.process_time() - started) / steps_done)
+                # every step but the round's first (it opens the epoch) and last (no stamp after it)
+                per_step[name].append([later - earlier for earlier, later in zip(stamps[1:], stamps[2:])])
                 _callgrind.count(steps_done)
                 _callgrind.mark(None)
                 if variants[name] is not None:
@@ -283,6 +295,35 @@ def split(args: argparse.Namespace) -> None:
               f"(rounds {min(extra) * 1e6:.1f} to {max(extra) * 1e6:.1f}; at the floor, each side's fastest round: "
               f"{(min(values) - floor) * 1e6:.1f})" if name != "plain"
               else f"{name:11s} {plain * 1e6:8.1f} us   (fastest round {floor * 1e6:.1f} us)")
+    report_per_step(per_step)
+
+
+def report_per_step(per_step: dict[str, list[list[int]]], groups: int = 5) -> None:
+    """The extra CPU a step from every step's own time: each variant's median step against the plain one's.
+
+    A round's mean moves with the machine's speed from one round to the next (a quarter on a shared
+    2-core guest); the median of thousands of steps, taken from rounds that alternate the variants, does
+    not move with a few slow rounds. The spread: the same figure in ``groups`` consecutive groups of rounds.
+    """
+    rounds = len(per_step["plain"])
+    print(f"per step (median of every step's process CPU, all rounds; in brackets: the same in {groups} groups "
+          f"of consecutive rounds, min to max)")
+    for name, by_round in per_step.items():
+        median = statistics.median(step for steps in by_round for step in steps)
+        if name == "plain":
+            print(f"{name:11s} {median / 1000:8.1f} us")
+            continue
+        extras = []
+        for group in range(groups):
+            chosen = range(group * rounds // groups, (group + 1) * rounds // groups)
+            if not chosen:
+                continue
+            ours = statistics.median(step for index in chosen for step in by_round[index])
+            base = statistics.median(step for index in chosen for step in per_step["plain"][index])
+            extras.append((ours - base) / 1000)
+        base_all = statistics.median(step for steps in per_step["plain"] for step in steps)
+        print(f"{name:11s} {median / 1000:8.1f} us   extra {(median - base_all) / 1000:6.1f} us "
+              f"({min(extras):.1f} to {max(extras):.1f})")
 
 
 def report_instructions(args: argparse.Namespace, per_step: dict[str, list[float]]) -> None:
