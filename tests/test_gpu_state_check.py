@@ -51,6 +51,30 @@ def test_the_gpu_state_part_runs_in_gpu_check_against_the_stand_in(tmp_path: Pat
     assert (out / "gpu-state.log").read_text().count("ok ") == len(results)  # the part's log, as the others'
 
 
+def test_gpu_check_starts_no_part_once_its_budget_is_spent_and_says_which(tmp_path: Path) -> None:
+    """A session's device time is short: past GPU_CHECK_BUDGET_S the parts left are not started, each says
+    so in its log, and the exit status (3) is not a pass."""
+    out = tmp_path / "out"
+    proc = subprocess.run([str(REPO / "scripts" / "gpu-check"), str(out)], capture_output=True, text=True,
+                          timeout=300, env=_env(TESTS / "stand_in_nvml", TESTS, PARTS="gpu-state cuda-tests",
+                                                GPU_STATE_STAND_IN="1", GPU_CHECK_BUDGET_S="0",
+                                                PYTHON=sys.executable))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "NOT RUN (the budget of 0 s was spent): cuda-tests gpu-state" in proc.stdout
+    assert "all parts passed" not in proc.stdout
+    assert "not run" in (out / "gpu-state.log").read_text()
+    assert not (out / "gpu-state" / "gpu-state.jsonl").exists()
+
+
+def test_gpu_check_runs_its_parts_most_valuable_first() -> None:
+    """The real-CUDA tests, then the GPU's state, then the default path's wall-time goals, before the rest."""
+    parts = [line.split()[1] for line in (REPO / "scripts" / "gpu-check").read_text().splitlines()
+             if line.startswith("part ")]
+    assert parts[:5] == ["cuda-tests", "gpu-state", "bench-cuda-loop-default", "bench-cuda-loop-gpu-bound",
+                         "gil-share"]
+    assert len(parts) == len(set(parts)) == 12
+
+
 def test_without_nvidia_ml_py_the_part_says_so_and_fails(tmp_path: Path) -> None:
     missing = tmp_path / "no_nvml"
     missing.mkdir()
