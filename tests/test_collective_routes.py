@@ -90,6 +90,48 @@ def test_the_flight_recorder_names_the_sequence_routes_ops() -> None:
     assert state.op_name == "allgather"
 
 
+def test_the_sequence_routes_gauge_keeps_one_op_label_per_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A label that changed within one collective (unnamed, then named) would leave two series at the group's
+    highest sequence number, which the hang rules read as two ranks in different ops: a mismatch named on a rank
+    that only waits (seen once in CI, the sleeper case on the sequence route). So the gauge waits for the flight
+    recorder's name a moment, and then keeps whatever label it first carried for that collective."""
+    from otel_training.integrations.torch import flight_recorder
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "200")
+    recorded: list[dict] = []  # the stand-in flight recorder's entries
+    monkeypatch.setattr(flight_recorder, "flight_recorder",
+                        lambda backends, **options: {sc.COLLECTIVE_FLIGHT_RECORDER: json.dumps(recorded)})
+
+    def entry(seq: int, op: str) -> dict:
+        return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "process_group": ["0", "default_pg"]}
+
+    tracker = CollectiveTracker(route="sequence")
+    group = Group()
+    assert tracker.attach(group)
+
+    def entered() -> list[tuple[str, float]]:
+        return [(attributes[sc.COLLECTIVE_OP], value) for name, value, attributes in tracker.observe()
+                if name == sc.METRIC_COLLECTIVE_ENTERED]
+
+    group.seq = 7
+    assert entered() == []  # not named yet: the group's rows wait
+    recorded.append(entry(7, "all_gather"))
+    assert entered() == [("allgather", 7)]
+    group.seq = 8  # the next collective, which the recorder has not got
+    assert entered() == []
+    tracker.groups["0"].entered_ns -= flight_recorder.NAME_HOLD_NS  # the hold is over
+    assert entered() == [("", 8)]
+    recorded.append(entry(8, "all_reduce"))
+    assert entered() == [("", 8)]  # named too late: this collective keeps the label it was seen with
+    assert tracker.groups["0"].op_name == "allreduce"  # a stuck alert still names it
+    group.seq = 9
+    recorded.append(entry(9, "broadcast"))
+    assert entered() == [("broadcast", 9)]
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    group.seq = 10  # the recorder off: nothing to wait for
+    assert entered() == [("", 10)]
+
+
 def test_a_group_the_sequence_route_cannot_read_is_not_tracked() -> None:
     tracker = CollectiveTracker(route="sequence")
 

@@ -52,7 +52,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
-from otel_training.integrations.torch.flight_recorder import flight_recorder, flight_recorder_enabled, name_ops
+from otel_training.integrations.torch.flight_recorder import OpLabels, flight_recorder, name_ops
 
 #: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
 HOOK_ID = 0x07E1_0017
@@ -144,6 +144,8 @@ class CollectiveTracker:
         self._known_groups = 0
         self._step_start: dict[str, int] = {}
         self._meters: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The op label each group's entered gauge carries, fixed per collective (``flight_recorder.OpLabels``).
+        self._op_labels = OpLabels()
 
     # -- attaching --------------------------------------------------------
     @contained(default=False)
@@ -299,14 +301,12 @@ class CollectiveTracker:
                 state.poll()
             except Exception:  # noqa: BLE001 - a destroyed group's Work
                 pass
-        # The sequence route names a new collective's op here too, from the flight recorder when it is on: the
-        # gauge's op label is then the same from the collective's first observation to its alert (a label
-        # changing from unknown to named would read, live, as two ranks in different ops: a mismatch).
-        if any(state.sequence is not None and state.op is None for state in states) and flight_recorder_enabled():
-            name_ops(states, flight_recorder({state.backend for state in states}, only_active=False))
-        for state in states:
+        # The ops' labels (the sequence route's named from the flight recorder); a group left out waits a moment.
+        labels = self._op_labels.of(states, now)
+        for state in (state for state in states if state.name in labels):
             group = {sc.COLLECTIVE_GROUP: state.name}
-            rows.append((sc.METRIC_COLLECTIVE_ENTERED, state.entered, dict(group, **{sc.COLLECTIVE_OP: state.op_name})))
+            rows.append((sc.METRIC_COLLECTIVE_ENTERED, state.entered,
+                         dict(group, **{sc.COLLECTIVE_OP: labels[state.name]})))
             rows.append((sc.METRIC_COLLECTIVE_COMPLETED, state.completed, group))
             rows.append((sc.METRIC_COLLECTIVE_WAIT, state.wait_s(now), group))
             if state.step is not None:

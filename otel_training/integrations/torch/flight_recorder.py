@@ -88,3 +88,42 @@ def name_ops(states: Iterable[GroupState], recorder: Mapping[str, Any]) -> None:
         state = unnamed.get(str(group[0]) if isinstance(group, list) and group else "")
         if state is not None and entry.get("collective_seq_id") == state.entered:
             state.op = str(entry.get("profiling_name", "")).rpartition(":")[2].replace("_", "")
+
+
+#: How long the sequence route holds a new collective's gauges back while the flight recorder has not named its op.
+NAME_HOLD_NS = 1_000_000_000
+
+
+class OpLabels:
+    """The op label of each group's entered gauge: fixed at a collective's first observation, or None while the
+    sequence route waits (``NAME_HOLD_NS`` at most) for the flight recorder to name it.
+
+    Why fixed: a rank whose label changed within one collective (unnamed, then named) would have two series at
+    the group's highest sequence number until the older one expires (the collector's Prometheus exporter keeps
+    it for minutes), and the hang rules read two labels there as two ranks in different ops: a mismatch named on
+    a rank that only waits. Holding the group's rows back a moment keeps the previous collective's values on the
+    gauges meanwhile; past the hold the label stays unnamed for this collective.
+    """
+
+    def __init__(self) -> None:
+        self._fixed: dict[str, tuple[int, str]] = {}  # group -> (sequence number, label)
+
+    def of(self, states: list[GroupState], now_ns: int) -> dict[str, str]:
+        """Each group's label; a group left out is held back. The sequence route's new ops are named first, from
+        the flight recorder when it is on."""
+        recorder_on = flight_recorder_enabled() and any(s.sequence is not None and s.op is None for s in states)
+        if recorder_on:
+            name_ops(states, flight_recorder({state.backend for state in states}, only_active=False))
+        labels = {state.name: self.label(state, now_ns, recorder_on) for state in states}
+        return {name: label for name, label in labels.items() if label is not None}
+
+    def label(self, state: GroupState, now_ns: int, recorder_on: bool) -> str | None:
+        fixed = self._fixed.get(state.name)
+        if fixed is not None and fixed[0] == state.entered:
+            return fixed[1]
+        if recorder_on and state.sequence is not None and state.op is None and \
+                now_ns - state.entered_ns < NAME_HOLD_NS:
+            return None
+        label = state.op_name
+        self._fixed[state.name] = (state.entered, label)
+        return label
