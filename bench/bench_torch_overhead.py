@@ -306,6 +306,7 @@ def report_per_step(per_step: dict[str, list[list[int]]], groups: int = 5) -> No
     not move with a few slow rounds. The spread: the same figure in ``groups`` consecutive groups of rounds.
     """
     rounds = len(per_step["plain"])
+    base_all = statistics.median(step for steps in per_step["plain"] for step in steps)
     print(f"per step (median of every step's process CPU, all rounds; in brackets: the same in {groups} groups "
           f"of consecutive rounds, min to max)")
     for name, by_round in per_step.items():
@@ -321,7 +322,6 @@ def report_per_step(per_step: dict[str, list[list[int]]], groups: int = 5) -> No
             ours = statistics.median(step for index in chosen for step in by_round[index])
             base = statistics.median(step for index in chosen for step in per_step["plain"][index])
             extras.append((ours - base) / 1000)
-        base_all = statistics.median(step for steps in per_step["plain"] for step in steps)
         print(f"{name:11s} {median / 1000:8.1f} us   extra {(median - base_all) / 1000:6.1f} us "
               f"({min(extras):.1f} to {max(extras):.1f})")
 

@@ -75,19 +75,17 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
         A torch without that function (an older or newer one) loses that span only: said once in the log,
         never raised into the script (the rest of the instrumentation still goes on)."""
-        owner_path, _, attribute = name.rpartition(".")
-        owner = module
         try:
-            for part in owner_path.split(".") if owner_path else ():
-                owner = getattr(owner, part)
+            owner, attribute = _owner_of(module, name)
             wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
         except Exception:  # noqa: BLE001 - API drift across torch versions
             _missing(module, name)
             return
         self._undo.append(lambda: unwrap(owner, attribute))
 
-    def _install(self, owner: Any, attribute: str, make: Callable[[Callable[..., Any]], _StandIn]) -> None:
-        """Put ``make(original)`` in ``owner.attribute``'s place itself, and remember how to undo it: for the two
+    def _install(self, module: Any, name: str, make: Callable[[Callable[..., Any]], _StandIn]) -> None:
+        """Put ``make(original)`` in ``module.name``'s place itself (a dotted name for a method, as ``_wrap``'s), and
+        remember how to undo it: for the two
         functions every step calls (the DataLoader fetch, the backward pass), gated themselves.
 
         Not a wrapt proxy: a proxy cost 0.7-1.0 µs a call in a tight loop (a bound proxy made per fetch, the
@@ -95,13 +93,14 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         original back; where somebody has put their own wrapper over ours meanwhile, ours stays in their chain,
         closed (it only calls the original), and the log says so once."""
         try:
+            owner, attribute = _owner_of(module, name)
             namespace = vars(owner)
             had = attribute in namespace
             original = namespace[attribute] if had else getattr(owner, attribute)
             stand_in, close = make(original)
             setattr(owner, attribute, stand_in)
         except Exception:  # noqa: BLE001 - API drift across torch versions
-            _missing(owner, attribute)
+            _missing(module, name)
             return
 
         def undo() -> None:
@@ -134,8 +133,8 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ):
             self._undo.append(register(hook).remove)
         gate = _native_gate()
-        loader_iterator = getattr(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter", None)
-        self._install(loader_iterator, "__next__", lambda original: _fetch_wrapper(tracker, original, gate))
+        self._install(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__",
+                      lambda original: _fetch_wrapper(tracker, original, gate))
         self._install(torch.autograd, "backward", lambda original: _backward_wrapper(tracker, original, gate))
         self._wrap(_grad_scaler_module(), "GradScaler.step", _scaler_wrapper(tracker))
         self._wrap(torch, "save", checkpoint.save_wrapper(tracker))
@@ -205,6 +204,15 @@ def _grad_scaler_module() -> Any:
         return importlib.import_module("torch.amp.grad_scaler")
     except ImportError:
         return importlib.import_module("torch.cuda.amp.grad_scaler")
+
+
+def _owner_of(module: Any, name: str) -> tuple[Any, str]:
+    """The object holding ``module.name`` (a dotted name for a method) and the attribute's own name."""
+    owner_path, _, attribute = name.rpartition(".")
+    owner = module
+    for part in owner_path.split(".") if owner_path else ():
+        owner = getattr(owner, part)
+    return owner, attribute
 
 
 def _missing(owner: Any, name: str) -> None:
