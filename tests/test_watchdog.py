@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from environ import child_environ
 from otlp_json import read_spans
 from waiting import first_value, wait_until
@@ -302,3 +304,26 @@ def test_missing_py_spy_is_said_in_the_alert(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(monitor, "find_py_spy", lambda: None)
     stacks, error = monitor.py_spy_stacks(os.getpid())
     assert stacks is None and "py-spy not found" in error
+
+
+def test_a_process_that_comes_back_and_exits_between_two_polls_still_gets_its_recovery(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI once: the watchdog was still taking py-spy's stacks when the frozen process came back, ended the
+    step and exited cleanly; its next poll saw the process gone and left without the recovery, so the
+    rank's page stayed on. A clean exit (the slot closed) after the reported span ended is its recovery."""
+    monkeypatch.setattr(monitor, "py_spy_stacks", lambda pid: (None, "not taken in this test"))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    writer = SlotWriter(tmp_path / "slot")
+    span = provider.get_tracer("t").start_span(sc.SPAN_STEP, attributes={sc.STEP: 2})
+    writer.begin(span, None, time.monotonic() - 10, 0.5)
+    gone_process = subprocess.Popen([sys.executable, "-c", "pass"])
+    watchdog = monitor.Watchdog(SlotReader(tmp_path / "slot"), gone_process.pid, provider, grace_s=0, poll_s=0.01)
+    watchdog._check(watchdog.slot.read())  # noqa: SLF001 - the poll that found it frozen
+    writer.end(span.get_span_context().span_id)  # back: the step ends, then the process exits cleanly
+    writer.close()
+    gone_process.wait(timeout=30)
+    assert watchdog.run() == 0
+    kinds = [alert.attributes[sc.ALERT_KIND] for alert in exporter.get_finished_spans()]
+    assert kinds == [sc.ALERT_KIND_STUCK, sc.ALERT_KIND_RECOVERED]

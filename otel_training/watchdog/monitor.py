@@ -110,20 +110,22 @@ class Watchdog:
                 time.sleep(self.poll_s)
                 died = os.getppid() != self.pid
             state = self.slot.read()
+            if state.state == STATE_CLOSED:
+                # A clean exit, seen now or only after the process had gone (this loop was busy with
+                # py-spy, or between polls): the span we reported ended first, so it recovered.
+                self._recovery(state, time.monotonic_ns())
+                return 0
             if died:
-                if state.state != STATE_CLOSED:
-                    now = time.monotonic_ns()
-                    self._count = self._count + 1 if self._reported_span == state.span_id else 1
-                    self._alert(sc.ALERT_KIND_DIED, state, now, None, None)
-                    if state.open:
-                        self._export_dead_span(state, now)
+                now = time.monotonic_ns()
+                self._count = self._count + 1 if self._reported_span == state.span_id else 1
+                self._alert(sc.ALERT_KIND_DIED, state, now, None, None)
+                if state.open:
+                    self._export_dead_span(state, now)
                 return 0
             self._check(state)
-            if state.state == STATE_CLOSED:
-                return 0
 
-    def _check(self, state: SlotState) -> None:
-        now = time.monotonic_ns()
+    def _recovery(self, state: SlotState, now: int) -> None:
+        """The recovery of the span we reported, once it ended, unless the process's detector took it over."""
         if self._reported_span and state.alerted_span_id == self._reported_span:
             # The process came back and its detector took the episode over: it repeats the alert and
             # says when the span recovers; one episode, one recovery, whoever spoke first.
@@ -133,6 +135,10 @@ class Watchdog:
             ended = state.end_ns if state.span_id == self._reported_span else now
             self._alert(sc.ALERT_KIND_RECOVERED, self._reported_state, ended, None, None)  # type: ignore[arg-type]
             self._reported_span = 0
+
+    def _check(self, state: SlotState) -> None:
+        now = time.monotonic_ns()
+        self._recovery(state, now)
         if not state.open or state.alerted_span_id == state.span_id:
             return
         grace_ns = int(self.grace_s * 1e9)
