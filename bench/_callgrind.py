@@ -30,6 +30,9 @@ import tempfile
 from pathlib import Path
 
 _ENV = "BENCH_CALLGRIND_SEGMENTS"  # the file the run under callgrind writes its segments to
+#: A folder to keep callgrind's dumps in (one per segment, numbered as ``run()`` reads them, with
+#: ``segments.json``), for ``callgrind_annotate`` to say where a segment's instructions went.
+KEEP_ENV = "BENCH_CALLGRIND_KEEP"
 
 _segments: list[dict[str, object]] = []
 _counting = [False]  # start() called: marks before it (a warm-up's) make no dump, so they are not segments
@@ -88,6 +91,11 @@ def run(argv: list[str]) -> dict[str, list[float]]:
         segments = json.loads(segments_file.read_text())
         dumps = sorted(Path(work).glob("cg.out.*"), key=lambda path: int(path.suffix[1:]))
         totals = [_total(path) for path in dumps]
+        keep = os.environ.get(KEEP_ENV)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for path in [*dumps, segments_file]:
+                shutil.copy(path, Path(keep) / path.name)
     # Dump k is written at the k-th mark(): dump 1 ends the warm-up's tail, dump k+1 segment k; the
     # last segment (finish()'s, unread) goes to the file callgrind writes at exit.
     if len(totals) != len(segments):

@@ -223,10 +223,8 @@ def split(args: argparse.Namespace) -> None:
     instrumentation costs before it records anything); ``no spans``: the tracker's state machine
     runs (steps open and close, waits are timed) but no span is made; ``full``: as shipped.
     """
-    from otel_training.integrations.torch import steps
-
-    tracker = steps.StepTracker
-    shipped = {name: getattr(tracker, name) for name in (*HOOKS, "_open", "_close")}
+    from otel_training.integrations.torch import instrumentor as instrumentor_module
+    from otel_training.integrations.torch.tracker_class import tracker_class
 
     def nothing(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
@@ -255,8 +253,17 @@ def split(args: argparse.Namespace) -> None:
                                             offload=args.offload)
         if args.offload and not telemetry.drain_ready(timeout_s=30):  # the steady state: the drain runs
             raise SystemExit("the drain process did not start within 30 s")
+        core = instrumentor_module._native_core()  # the class instrument() makes: with the C hooks where they load
+        tracker = tracker_class(core[0].StepCore if core is not None else None)
+        shipped = {name: getattr(tracker, name) for name in (*HOOKS, "_open", "_close")}
         epoch = make_loop(args.hidden, args.batch_size, args.batches, args.device)
         instrumentor = TorchInstrumentor()
+        if _callgrind.active():
+            # ~50x slower under valgrind, a prefetched batch's fetch can pass the 1 ms past which a wait gets a
+            # span of its own, in some rounds and not others; natively it takes microseconds: no such spans
+            from otel_training.integrations.torch import steps
+
+            steps.DATA_WAIT_SPAN_MIN_NS = 10**15
         epoch()
         _callgrind.start()
         cpu: dict[str, list[float]] = {name: [] for name in variants}

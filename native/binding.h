@@ -60,5 +60,7 @@ extern PyTypeObject GateType; /* gate.c */
 int ot_suppressed(PyObject *variable, PyObject *key, PyObject *plain);
 extern PyTypeObject CurrentSpanType, AttachSpanType, EnabledType; /* context.c */
 extern PyTypeObject PlainAttributesType;            /* attributes.c */
+extern PyTypeObject StepCoreType;                  /* steps.c */
+int ot_steps_init(void);                           /* steps.c: its interned names; -1 with an exception */
 
 #endif

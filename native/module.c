@@ -662,7 +662,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0 || PyType_Ready(&SpanCoreType) < 0 ||
         PyType_Ready(&GateType) < 0 || PyType_Ready(&EnabledType) < 0 || PyType_Ready(&CurrentSpanType) < 0 || PyType_Ready(&AttachSpanType) < 0 ||
-        PyType_Ready(&PlainAttributesType) < 0)
+        PyType_Ready(&PlainAttributesType) < 0 || PyType_Ready(&StepCoreType) < 0 || ot_steps_init() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
@@ -674,8 +674,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(module, "CurrentSpan", (PyObject *)&CurrentSpanType) < 0 ||
         PyModule_AddObjectRef(module, "AttachSpan", (PyObject *)&AttachSpanType) < 0 ||
         PyModule_AddObjectRef(module, "PlainAttributes", (PyObject *)&PlainAttributesType) < 0 ||
+        PyModule_AddObjectRef(module, "StepCore", (PyObject *)&StepCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 7) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 8) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -122,9 +122,11 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         import torch.utils.data.dataloader  # noqa: F401 - the iterator class below
 
         from otel_training.integrations.torch import checkpoint, distributed
-        from otel_training.integrations.torch.steps import StepTracker
+        from otel_training.integrations.torch.tracker_class import tracker_class
 
-        tracker = StepTracker(claim=self._claim, tracer_provider=self._tracer_provider)
+        native = _native_core()
+        tracker = tracker_class(native[0].StepCore if native is not None else None)(
+            claim=self._claim, tracer_provider=self._tracer_provider)
         TorchInstrumentor.tracker = tracker
         self._undo.append(tracker.shutdown)
         for register, hook in (
@@ -132,7 +134,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             (optimizer_module.register_optimizer_step_post_hook, tracker.optimizer_post),
         ):
             self._undo.append(register(hook).remove)
-        gate = _native_gate()
+        gate = _native_gate(native)
         self._install(sys.modules[_DATALOADER_ITER], "_BaseDataLoaderIter.__next__",
                       lambda original: _fetch_wrapper(tracker, original, gate))
         self._install(torch.autograd, "backward", lambda original: _backward_wrapper(tracker, original, gate))
@@ -231,11 +233,11 @@ def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     return gated
 
 
-def _native_gate() -> Callable[..., Any] | None:
-    """A maker of the C extension's per-step wrappers (``native/gate.c``: no Python frame of ours before the
-    tracker's hooks), or None for the Python ones below: without the extension, with the ``native`` option
-    ``off`` (the pipeline's, else the environment's and config file's), or where the suppression check cannot
-    be read in C. Asked once, when torch is patched."""
+def _native_core() -> tuple[Any, tuple[Any, Any, Any]] | None:
+    """The C extension and the suppression check's keys, for the per-step stand-ins (``native/gate.c``: no Python
+    frame of ours before the tracker's hooks) and the tracker's hooks (``native/steps.c``); None for the Python
+    ones: without the extension, with the ``native`` option ``off`` (the pipeline's, else the environment's and
+    config file's), or where the suppression check cannot be read in C. Asked once, when torch is patched."""
     from otel_training import _native_loader
     from otel_training.config.options import resolve
     from otel_training.pipeline.configure import get_telemetry
@@ -249,7 +251,20 @@ def _native_gate() -> Callable[..., Any] | None:
     native = _native_loader.native("off" if mode == "off" else "auto")  # "on" without it: configure() refuses
     if native is None or keys is None:
         return None
-    variable, key, plain = keys
+    return native, keys
+
+
+_ASK = object()
+
+
+def _native_gate(core: Any = _ASK) -> Callable[..., Any] | None:
+    """A maker of the C stand-ins from ``_native_core()``'s answer (asked here when not given), or None for the
+    Python ones."""
+    if core is _ASK:
+        core = _native_core()
+    if core is None:
+        return None
+    native, (variable, key, plain) = core
     gate_type = native.Gate
 
     def gate(begin: Callable[..., Any], end: Callable[..., Any], fetch: bool,

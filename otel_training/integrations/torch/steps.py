@@ -43,7 +43,7 @@ from otel_training._sdk_compat import instrumentation_check
 from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.events.runtime import EventsRuntime
-from otel_training.events.span_kinds import StepDuration
+from otel_training.events.span_kinds import StepDuration, new_step
 from otel_training.integrations.spans import record_span
 from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
@@ -85,6 +85,9 @@ class StepTracker(Dormancy, NestedWork):
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
         #: Whether a DataLoader iterator has nothing left (``loader_length.py``).
         self._lengths = LoaderLengths()
+        #: What the C core's hooks read of the module (``native/steps.c``), kept on the tracker as its fields.
+        self._enabled = instrumentation_enabled
+        self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
         #: The run's own training.train, epoch and evaluation spans, which the steps nest in (``loop_spans.py``).
@@ -132,8 +135,8 @@ class StepTracker(Dormancy, NestedWork):
         self._just_closed = False
         if rt is None:
             rt = self._training()
-        step = StepDuration(self.trainer, sc.SPAN_STEP, None, event_name="#step",  # valid attributes: no conversion
-                            attributes={sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
+        step = new_step(self.trainer, sc.SPAN_STEP, "#step",  # valid attributes: no conversion
+                        {sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
         loop = self.loop.context
         if loop is None:
             step.begin_detached(awaiting_input, rt)
@@ -273,11 +276,16 @@ class StepTracker(Dormancy, NestedWork):
                         step.input_ready()
             if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None
                                                             and not isinstance(error, StopIteration)):
-                record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
-                            parent=step.span if step is not None else self.loop.span, error=error,
-                            events=self.trainer.events_runtime())
+                self._wait_span(started, ended, step, error)
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("fetch_end")
+
+    def _wait_span(self, started: int, ended: int, step: StepDuration | None,
+                   error: BaseException | None = None) -> None:
+        """A wait long enough for its own ``training.data_wait`` span (or one that failed), in the open step."""
+        record_span(sc.SPAN_DATA_WAIT, "#data_wait", started, ended, {sc.INSTRUMENTATION_SOURCE: SOURCE},
+                    parent=step.span if step is not None else self.loop.span, error=error,
+                    events=self.trainer.events_runtime())
 
     def backward_begin(self) -> None:
         """Before ``torch.autograd.backward`` (its wrapper checked suppression)."""
@@ -374,3 +382,4 @@ class StepTracker(Dormancy, NestedWork):
         self._disarm_forward()
         if self.collectives is not None:
             self.collectives.close()
+

@@ -1,0 +1,390 @@
+/* StepCore: the torch step tracker's hot state in a C struct, and its five per-step hooks' usual case in C.
+ *
+ * Why: an offloaded torch step spent about 43 000 instructions (callgrind) in the tracker's hooks before any span
+ * was made: six Python calls from C (the fetch and backward stand-ins, torch's optimizer hook loop) and some 370
+ * bytecodes reading and writing the tracker's attributes. An earlier attempt (StepHooks, reverted) ran the same
+ * logic in C on the tracker's Python attributes and saved nothing: a generic attribute lookup from C costs what
+ * the bytecode did. Here the fields the hooks touch are the struct's own (member descriptors to Python, so the
+ * tracker's Python code reads and writes them as before), and the hooks read them directly.
+ *
+ * Only the usual case of each hook is here: a step open in this thread, nothing dormant, no claim pending, plain
+ * containers. Anything else calls the tracker's Python method of the same name (``_py_<hook>``, the Python class's
+ * own, which is also the pure-Python fallback): one behaviour, written once in Python; C is its shortcut. The
+ * transitions (a step closing, the forward hook armed, a long data wait's span) are the tracker's Python methods.
+ * An error in C is reported through ``_failed(hook)`` (logged once) and never raised into the training loop.
+ *
+ * StepCore(...) is only a base: integrations/torch/steps.py makes the class (StepCore, StepTracker).
+ */
+#include "binding.h"
+
+#include <stddef.h>
+#include <structmember.h>
+#include <time.h>
+
+/* Every field is a Python object behind a T_OBJECT_EX member: the interpreter specialises attribute reads and
+ * writes of those (LOAD_ATTR_SLOT, STORE_ATTR_SLOT, a few instructions) and of no other member type, so the
+ * tracker's Python code pays no generic lookup for them. The counts are ints and the flags bools, as in Python. */
+#define STEP_CORE_FIELDS(X)                                                                                   \
+    X(step, "_step", "The open step (a StepDuration), or None.")                                             \
+    X(owner, "_owner", "The thread ident that drives steps, or None.")                                       \
+    X(claim, "_claim", "Dormancy's pending claim, or None.")                                                 \
+    X(stepped, "_stepped", "ids of the optimizers stepped in this step (a set).")                            \
+    X(expected, "_expected", "ids of the optimizers a step waits for (a frozenset), or None.")               \
+    X(backward_ends, "_backward_ends", "This step's backward ends (wall clock, ns), a list.")                \
+    X(nested, "_nested", "optimizer id -> step() calls in progress (a dict).")                               \
+    X(enabled, "_enabled", "The suppression check (instrumentation_enabled).")                               \
+    X(optimizer_calls, "optimizer_calls", "optimizer.step() calls in any thread (tells a GradScaler skip).") \
+    X(optimizer_steps, "_optimizer_steps", NULL)                                                             \
+    X(wait_ns, "_wait_ns", "This step's data wait (ns).")                                                    \
+    X(wait_span_min_ns, "_wait_span_min_ns", "A wait at least this long gets its own span.")                 \
+    X(complete, "_complete", NULL)                                                                           \
+    X(fetched, "_fetched", NULL)                                                                             \
+    X(awaiting_input, "_awaiting_input", NULL)
+
+typedef struct {
+    PyObject_HEAD
+#define DECLARE(member, python_name, doc) PyObject *member;
+    STEP_CORE_FIELDS(DECLARE)
+#undef DECLARE
+    /* No dict here: the Python subclass's own (a managed dict) is the one the interpreter specialises reads of. */
+} StepCore;
+
+static PyMemberDef step_core_members[] = {
+#define MEMBER(member, python_name, doc) {python_name, T_OBJECT_EX, offsetof(StepCore, member), 0, doc},
+    STEP_CORE_FIELDS(MEMBER)
+#undef MEMBER
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* Every field set from the start (a T_OBJECT_EX member that is NULL raises AttributeError when read). */
+static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)args, (void)kwargs;
+    /* object.__new__ itself: it also lays out the Python subclass's attributes inline (tp_alloc alone leaves
+     * them to a dict made later, whose reads the interpreter does not specialise: a generic lookup each). */
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) return NULL;
+    StepCore *self = (StepCore *)PyBaseObject_Type.tp_new(type, empty, NULL);
+    Py_DECREF(empty);
+    if (self == NULL) return NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->step = Py_NewRef(Py_None), self->owner = Py_NewRef(Py_None), self->claim = Py_NewRef(Py_None);
+    self->expected = Py_NewRef(Py_None), self->enabled = Py_NewRef(Py_None);
+    self->stepped = PySet_New(NULL), self->backward_ends = PyList_New(0), self->nested = PyDict_New();
+    self->optimizer_calls = Py_NewRef(zero), self->optimizer_steps = Py_NewRef(zero), self->wait_ns = Py_NewRef(zero);
+    self->wait_span_min_ns = zero;
+    self->complete = Py_NewRef(Py_False), self->fetched = Py_NewRef(Py_False);
+    self->awaiting_input = Py_NewRef(Py_False);
+    if (self->stepped == NULL || self->backward_ends == NULL || self->nested == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+#define STEP_CORE_OBJECTS(X) X(step) X(owner) X(claim) X(stepped) X(expected) X(backward_ends) X(nested) X(enabled) \
+    X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)
+
+static int step_core_traverse(StepCore *self, visitproc visit, void *arg) {
+#define VISIT(member) Py_VISIT(self->member);
+    STEP_CORE_OBJECTS(VISIT)
+#undef VISIT
+    return 0; /* the subclass's own slots and its type: subtype_traverse's */
+}
+
+static int step_core_clear(StepCore *self) {
+#define CLEAR(member) Py_CLEAR(self->member);
+    STEP_CORE_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+/* Reached through subtype_dealloc (the Python subclass), which clears weak references and its own slots and
+ * releases the heap type after this returns. */
+static void step_core_dealloc(StepCore *self) {
+    PyObject_GC_UnTrack(self);
+    step_core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int present(PyObject *value) { return value != NULL && value != Py_None; }
+
+/* A flag's truth: its bools directly, anything else as Python's truth (an error is false, cleared). */
+static int truth(PyObject *value) {
+    if (value == Py_True) return 1;
+    if (value == NULL || value == Py_False || value == Py_None) return 0;
+    int result = PyObject_IsTrue(value);
+    if (result < 0) PyErr_Clear();
+    return result > 0;
+}
+
+/* *field = bool. */
+static void set_flag(PyObject **field, int value) { Py_XSETREF(*field, Py_NewRef(value ? Py_True : Py_False)); }
+
+/* *field += delta, an int field (-1 with an exception when it is not one). */
+static int add(PyObject **field, long long delta) {
+    long long value = *field != NULL && PyLong_CheckExact(*field) ? PyLong_AsLongLong(*field) : -1;
+    if (value == -1 && (*field == NULL || !PyLong_CheckExact(*field) || PyErr_Occurred())) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "StepCore: a count is not an int");
+        return -1;
+    }
+    PyObject *next = PyLong_FromLongLong(value + delta);
+    if (next == NULL) return -1;
+    Py_XSETREF(*field, next);
+    return 0;
+}
+
+/* 1 when this thread drives steps (owner is this thread's ident), 0 otherwise; never an error. */
+static int owner_is_me(StepCore *self) {
+    if (self->owner == NULL || !PyLong_CheckExact(self->owner)) return 0;
+    unsigned long owner = PyLong_AsUnsignedLong(self->owner);
+    if (owner == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return owner == PyThread_get_thread_ident();
+}
+
+static long long now_ns(void) { /* time.time_ns() */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* The tracker's Python methods C calls, by name, interned once (a str made from a C string on every call costs a
+ * thousand instructions). */
+#define STEP_CORE_NAMES(X)                                                                                    \
+    X(PY_BACKWARD_BEGIN, "_py_backward_begin") X(PY_BACKWARD_END, "_py_backward_end")                         \
+    X(PY_OPTIMIZER_PRE, "_py_optimizer_pre") X(PY_OPTIMIZER_POST, "_py_optimizer_post")                       \
+    X(PY_FETCH_END, "_py_fetch_end") X(STEPPED_ONCE, "_stepped_once") X(WAIT_SPAN, "_wait_span")              \
+    X(CLOSE, "_close") X(ARM_FORWARD, "_arm_forward") X(FAILED, "_failed") X(DEVICE_STEP, "device_step")      \
+    X(INPUT_READY, "input_ready")
+
+enum {
+#define ENUMERATE(symbol, text) symbol,
+    STEP_CORE_NAMES(ENUMERATE)
+#undef ENUMERATE
+    NAME_COUNT
+};
+static PyObject *names[NAME_COUNT];
+
+int ot_steps_init(void) {
+    static const char *const texts[NAME_COUNT] = {
+#define TEXT(symbol, text) text,
+        STEP_CORE_NAMES(TEXT)
+#undef TEXT
+    };
+    for (int index = 0; index < NAME_COUNT; index++)
+        if (names[index] == NULL && (names[index] = PyUnicode_InternFromString(texts[index])) == NULL) return -1;
+    return 0;
+}
+
+/* The tracker's Python method ``name`` (the whole hook, or a transition), its result passed on. */
+static PyObject *python(StepCore *self, int name, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *method = PyObject_GetAttr((PyObject *)self, names[name]);
+    if (method == NULL) return NULL;
+    PyObject *result = PyObject_Vectorcall(method, args, (size_t)nargs, NULL);
+    Py_DECREF(method);
+    return result;
+}
+
+/* An error in C: logged once by the tracker (``_failed``), never raised into the loop. */
+static PyObject *failed(StepCore *self, const char *hook) {
+    PyErr_Clear();
+    PyObject *text = PyUnicode_FromString(hook);
+    PyObject *result = text == NULL ? NULL : python(self, FAILED, &text, 1);
+    Py_XDECREF(text);
+    if (result == NULL) PyErr_Clear();
+    Py_XDECREF(result);
+    Py_RETURN_NONE;
+}
+
+/* A transition the tracker's Python code makes (``_close``, ``_arm_forward``): errors go to ``_failed(hook)``. */
+static PyObject *transition(StepCore *self, int name, const char *hook) {
+    PyObject *result = python(self, name, NULL, 0);
+    if (result == NULL) return failed(self, hook);
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+static PyObject *step_core_backward_begin(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* A step open in this thread that is not waiting for its boundary: nothing to do. */
+    if (nargs == 0 && !present(self->claim) && present(self->step) && owner_is_me(self) &&
+        !(truth(self->complete) && !truth(self->fetched)))
+        Py_RETURN_NONE;
+    return python(self, PY_BACKWARD_BEGIN, args, nargs);
+}
+
+static PyObject *step_core_backward_end(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 0 || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends))
+        return python(self, PY_BACKWARD_END, args, nargs);
+    if (!present(self->step) || !owner_is_me(self)) Py_RETURN_NONE;
+    PyObject *end = PyLong_FromLongLong(now_ns());
+    if (end == NULL) return failed(self, "backward_end");
+    int appended = PyList_Append(self->backward_ends, end);
+    Py_DECREF(end);
+    if (appended < 0) return failed(self, "backward_end");
+    Py_RETURN_NONE;
+}
+
+/* The optimizer's nesting count: nested[key] += 1 (0: done, -1: error). */
+static int nest(StepCore *self, PyObject *key) {
+    PyObject *depth = PyDict_GetItemWithError(self->nested, key);
+    if (depth == NULL && PyErr_Occurred()) return -1;
+    long long value = depth != NULL && PyLong_CheckExact(depth) ? PyLong_AsLongLong(depth) : 0;
+    if (value == -1 && PyErr_Occurred()) return -1;
+    PyObject *next = PyLong_FromLongLong(value + 1);
+    if (next == NULL) return -1;
+    int set = PyDict_SetItem(self->nested, key, next);
+    Py_DECREF(next);
+    return set;
+}
+
+static PyObject *step_core_optimizer_pre(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* A step already open, nothing dormant: only the counts (a GradScaler skip is told apart by them). */
+    if (nargs != 3 || present(self->claim) || !present(self->step) || self->nested == NULL ||
+        !PyDict_CheckExact(self->nested))
+        return python(self, PY_OPTIMIZER_PRE, args, nargs);
+    if (add(&self->optimizer_calls, 1) < 0) return failed(self, "optimizer_pre");
+    PyObject *key = PyLong_FromVoidPtr(args[0]); /* id(optimizer) */
+    if (key == NULL) return failed(self, "optimizer_pre");
+    int nested = nest(self, key);
+    Py_DECREF(key);
+    if (nested < 0) return failed(self, "optimizer_pre");
+    Py_RETURN_NONE;
+}
+
+static PyObject *step_core_optimizer_post(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !present(self->step) || !owner_is_me(self) || self->nested == NULL ||
+        !PyDict_CheckExact(self->nested) || self->stepped == NULL || !PySet_CheckExact(self->stepped) ||
+        self->enabled == NULL)
+        return python(self, PY_OPTIMIZER_POST, args, nargs);
+    PyObject *key = PyLong_FromVoidPtr(args[0]);
+    if (key == NULL) return failed(self, "optimizer_post");
+    /* depth = nested.pop(key, 1) - 1: the inner step() of a subclass's super().step() is not the step */
+    PyObject *depth = PyDict_GetItemWithError(self->nested, key);
+    long long value = 1;
+    if (depth != NULL) {
+        value = PyLong_CheckExact(depth) ? PyLong_AsLongLong(depth) : 1;
+        if ((value == -1 && PyErr_Occurred()) || PyDict_DelItem(self->nested, key) < 0) goto error;
+    } else if (PyErr_Occurred()) {
+        goto error;
+    }
+    if (value - 1 > 0) {
+        PyObject *rest = PyLong_FromLongLong(value - 1);
+        if (rest == NULL || PyDict_SetItem(self->nested, key, rest) < 0) {
+            Py_XDECREF(rest);
+            goto error;
+        }
+        Py_DECREF(rest);
+        Py_DECREF(key);
+        Py_RETURN_NONE;
+    }
+    PyObject *enabled = PyObject_CallNoArgs(self->enabled);
+    int recording = enabled == NULL ? -1 : PyObject_IsTrue(enabled);
+    Py_XDECREF(enabled);
+    if (recording < 0) goto error;
+    if (!recording) {
+        Py_DECREF(key);
+        Py_RETURN_NONE;
+    }
+    if (!present(self->step) || self->stepped == NULL || !PySet_CheckExact(self->stepped)) {
+        /* the check ran Python code that changed the step: the Python method's, from here on */
+        Py_DECREF(key);
+        PyObject *call[2] = {args[0], Py_False};
+        PyObject *result = python(self, STEPPED_ONCE, call, 2);
+        if (result == NULL) return failed(self, "optimizer_post");
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
+    /* _stepped_once(optimizer, skipped=False) with the step open */
+    if (PySet_Add(self->stepped, key) < 0) goto error;
+    Py_DECREF(key);
+    if (add(&self->optimizer_steps, 1) < 0) return failed(self, "optimizer_post");
+    set_flag(&self->complete, 1);
+    if (present(self->expected)) { /* every optimizer the iteration steps has stepped: the step ends */
+        int all = PyObject_RichCompareBool(self->stepped, self->expected, Py_GE);
+        if (all < 0) return failed(self, "optimizer_post");
+        if (all) return transition(self, CLOSE, "optimizer_post");
+    }
+    if (!truth(self->fetched)) return transition(self, ARM_FORWARD, "optimizer_post");
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(key);
+    return failed(self, "optimizer_post");
+}
+
+static PyObject *step_core_fetch_end(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 0 || nargs > 2) return python(self, PY_FETCH_END, args, nargs);
+    PyObject *started = args[0];
+    if (started == Py_None) Py_RETURN_NONE;
+    if (!PyLong_CheckExact(started) || (nargs == 2 && args[1] != Py_None))  /* an error: the Python method's */
+        return python(self, PY_FETCH_END, args, nargs);
+    long long begun = PyLong_AsLongLong(started);
+    if (begun == -1 && PyErr_Occurred()) return failed(self, "fetch_end");
+    long long ended = now_ns();
+    PyObject *step = present(self->step) && owner_is_me(self) ? self->step : NULL;
+    if (step != NULL) {
+        Py_INCREF(step);
+        if (add(&self->wait_ns, ended - begun) < 0) {
+            Py_DECREF(step);
+            return failed(self, "fetch_end");
+        }
+        if (truth(self->awaiting_input)) { /* the batch is in: the step's device work may begin */
+            set_flag(&self->awaiting_input, 0);
+            PyObject *device_step = PyObject_GetAttr(step, names[DEVICE_STEP]);
+            PyObject *result = NULL;
+            if (device_step != NULL && device_step != Py_None) result = PyObject_CallMethodNoArgs(step, names[INPUT_READY]);
+            int ok = device_step != NULL && (device_step == Py_None || result != NULL);
+            Py_XDECREF(device_step);
+            Py_XDECREF(result);
+            if (!ok) {
+                Py_DECREF(step);
+                return failed(self, "fetch_end");
+            }
+        }
+    }
+    long long span_min = PyLong_CheckExact(self->wait_span_min_ns) ? PyLong_AsLongLong(self->wait_span_min_ns) : 0;
+    if (span_min == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (ended - begun < span_min) {
+        Py_XDECREF(step);
+        Py_RETURN_NONE;
+    }
+    /* a wait long enough for its own span: the tracker's Python */
+    PyObject *call[3] = {started, NULL, step != NULL ? step : Py_None};
+    call[1] = PyLong_FromLongLong(ended);
+    PyObject *result = call[1] != NULL ? python(self, WAIT_SPAN, call, 3) : NULL;
+    Py_XDECREF(call[1]);
+    Py_XDECREF(step);
+    if (result == NULL) return failed(self, "fetch_end");
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef step_core_methods[] = {
+    {"backward_begin", (PyCFunction)(void (*)(void))step_core_backward_begin, METH_FASTCALL,
+     "Before torch.autograd.backward (its stand-in checked suppression)."},
+    {"backward_end", (PyCFunction)(void (*)(void))step_core_backward_end, METH_FASTCALL, NULL},
+    {"optimizer_pre", (PyCFunction)(void (*)(void))step_core_optimizer_pre, METH_FASTCALL, NULL},
+    {"optimizer_post", (PyCFunction)(void (*)(void))step_core_optimizer_post, METH_FASTCALL, NULL},
+    {"fetch_end", (PyCFunction)(void (*)(void))step_core_fetch_end, METH_FASTCALL,
+     "Account the wait to the step; a span only when it blocked (or failed)."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject StepCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_training._native.StepCore",
+    .tp_basicsize = sizeof(StepCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The torch step tracker's hot state and the usual case of its per-step hooks (a base class only).",
+    .tp_new = step_core_new,
+    .tp_dealloc = (destructor)step_core_dealloc,
+    .tp_traverse = (traverseproc)step_core_traverse,
+    .tp_clear = (inquiry)step_core_clear,
+    .tp_members = step_core_members,
+    .tp_methods = step_core_methods,
+};
