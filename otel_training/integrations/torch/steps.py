@@ -58,6 +58,9 @@ DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
 #: Whether the current context allows recording (not inside ``suppress_instrumentation()``).
 instrumentation_enabled = instrumentation_check()
+#: ``torch.is_grad_enabled``, looked up once: torch has a module ``__getattr__``, so the interpreter (3.11) does
+#: not specialise ``torch.<name>`` reads, each a generic lookup on every step.
+grad_enabled = torch.is_grad_enabled
 
 
 class StepTracker(Dormancy, NestedWork):
@@ -216,7 +219,7 @@ class StepTracker(Dormancy, NestedWork):
 
     @contained(default=None)
     def _on_forward(self, module: Any, args: Any) -> None:
-        if not (module.training and torch.is_grad_enabled()) or not self._records_here():
+        if not (module.training and grad_enabled()) or not self._records_here():
             return
         if self._step is not None:
             if self._fetched:  # a DataLoader drives the loop: forward is no boundary
@@ -246,7 +249,7 @@ class StepTracker(Dormancy, NestedWork):
                     self._close()
                     step = None
                 if step is None and not exhausted:
-                    if torch.is_grad_enabled():
+                    if grad_enabled():
                         loop = self.loop
                         rt = self._rt if self._rt is not None and loop.started else self._training()
                         epoch_of = loop.epoch_iterator
