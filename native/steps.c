@@ -17,6 +17,7 @@
  */
 #include "binding.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <structmember.h>
 #include <time.h>
@@ -112,26 +113,27 @@ static void step_core_dealloc(StepCore *self) {
 
 static int present(PyObject *value) { return value != NULL && value != Py_None; }
 
-/* A flag's truth: its bools directly, anything else as Python's truth (an error is false, cleared). */
-static int truth(PyObject *value) {
-    if (value == Py_True) return 1;
-    if (value == NULL || value == Py_False || value == Py_None) return 0;
-    int result = PyObject_IsTrue(value);
-    if (result < 0) PyErr_Clear();
-    return result > 0;
+/* The fast paths take plain state only: a flag that is an exact bool, a count that is an exact int within int64.
+ * Anything else (a deleted field, an int subclass, a float) is the Python hook's, before any side effect. */
+static int flag(PyObject *value) { return value == Py_True ? 1 : value == Py_False ? 0 : -1; }
+
+static int count(PyObject *value, long long *out) {
+    if (value == NULL || !PyLong_CheckExact(value)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return overflow == 0;
 }
 
 /* *field = bool. */
 static void set_flag(PyObject **field, int value) { Py_XSETREF(*field, Py_NewRef(value ? Py_True : Py_False)); }
 
-/* *field += delta, an int field (-1 with an exception when it is not one). */
-static int add(PyObject **field, long long delta) {
-    long long value = *field != NULL && PyLong_CheckExact(*field) ? PyLong_AsLongLong(*field) : -1;
-    if (value == -1 && (*field == NULL || !PyLong_CheckExact(*field) || PyErr_Occurred())) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "StepCore: a count is not an int");
-        return -1;
-    }
-    PyObject *next = PyLong_FromLongLong(value + delta);
+/* *field = value (-1 with an exception). */
+static int set_count(PyObject **field, long long value) {
+    PyObject *next = PyLong_FromLongLong(value);
     if (next == NULL) return -1;
     Py_XSETREF(*field, next);
     return 0;
@@ -142,7 +144,7 @@ static int owner_is_me(StepCore *self) {
     if (self->owner == NULL || !PyLong_CheckExact(self->owner)) return 0;
     unsigned long owner = PyLong_AsUnsignedLong(self->owner);
     if (owner == (unsigned long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
+        PyErr_Clear(); /* out of range: not an ident, so not this thread's */
         return 0;
     }
     return owner == PyThread_get_thread_ident();
@@ -183,21 +185,30 @@ int ot_steps_init(void) {
 }
 
 /* The tracker's Python method ``name`` (the whole hook, or a transition), its result passed on. */
-static PyObject *python(StepCore *self, int name, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *python_kw(StepCore *self, int name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyObject *method = PyObject_GetAttr((PyObject *)self, names[name]);
     if (method == NULL) return NULL;
-    PyObject *result = PyObject_Vectorcall(method, args, (size_t)nargs, NULL);
+    PyObject *result = PyObject_Vectorcall(method, args, (size_t)nargs, kwnames);
     Py_DECREF(method);
     return result;
 }
 
-/* An error in C: logged once by the tracker (``_failed``), never raised into the loop. */
+static PyObject *python(StepCore *self, int name, PyObject *const *args, Py_ssize_t nargs) {
+    return python_kw(self, name, args, nargs, NULL);
+}
+
+/* An error in a hook: an Exception is logged once by the tracker (``_failed``) and never raised into the loop, as
+ * the Python hooks' ``except Exception`` does; anything else (KeyboardInterrupt, SystemExit) goes on up. */
 static PyObject *failed(StepCore *self, const char *hook) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
     PyErr_Clear();
     PyObject *text = PyUnicode_FromString(hook);
     PyObject *result = text == NULL ? NULL : python(self, FAILED, &text, 1);
     Py_XDECREF(text);
-    if (result == NULL) PyErr_Clear();
+    if (result == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear();
+    }
     Py_XDECREF(result);
     Py_RETURN_NONE;
 }
@@ -210,17 +221,21 @@ static PyObject *transition(StepCore *self, int name, const char *hook) {
     Py_RETURN_NONE;
 }
 
-static PyObject *step_core_backward_begin(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+#define HOOK_ARGS StepCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#define KEYWORDS (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)
+
+static PyObject *step_core_backward_begin(HOOK_ARGS) {
     /* A step open in this thread that is not waiting for its boundary: nothing to do. */
-    if (nargs == 0 && !present(self->claim) && present(self->step) && owner_is_me(self) &&
-        !(truth(self->complete) && !truth(self->fetched)))
+    int complete = flag(self->complete), fetched = flag(self->fetched);
+    if (nargs == 0 && !KEYWORDS && !present(self->claim) && present(self->step) && owner_is_me(self) &&
+        complete >= 0 && fetched >= 0 && !(complete && !fetched))
         Py_RETURN_NONE;
-    return python(self, PY_BACKWARD_BEGIN, args, nargs);
+    return python_kw(self, PY_BACKWARD_BEGIN, args, nargs, kwnames);
 }
 
-static PyObject *step_core_backward_end(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 0 || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends))
-        return python(self, PY_BACKWARD_END, args, nargs);
+static PyObject *step_core_backward_end(HOOK_ARGS) {
+    if (nargs != 0 || KEYWORDS || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends))
+        return python_kw(self, PY_BACKWARD_END, args, nargs, kwnames);
     if (!present(self->step) || !owner_is_me(self)) Py_RETURN_NONE;
     PyObject *end = PyLong_FromLongLong(now_ns());
     if (end == NULL) return failed(self, "backward_end");
@@ -230,60 +245,70 @@ static PyObject *step_core_backward_end(StepCore *self, PyObject *const *args, P
     Py_RETURN_NONE;
 }
 
-/* The optimizer's nesting count: nested[key] += 1 (0: done, -1: error). */
-static int nest(StepCore *self, PyObject *key) {
-    PyObject *depth = PyDict_GetItemWithError(self->nested, key);
-    if (depth == NULL && PyErr_Occurred()) return -1;
-    long long value = depth != NULL && PyLong_CheckExact(depth) ? PyLong_AsLongLong(depth) : 0;
-    if (value == -1 && PyErr_Occurred()) return -1;
-    PyObject *next = PyLong_FromLongLong(value + 1);
-    if (next == NULL) return -1;
-    int set = PyDict_SetItem(self->nested, key, next);
-    Py_DECREF(next);
-    return set;
+/* nested[key] as a count: 1 and *depth (*found 0 and *depth 0 when absent), 0 when not a plain count, -1 with an
+ * exception. */
+static int depth_of(StepCore *self, PyObject *key, long long *depth, int *found) {
+    PyObject *value = PyDict_GetItemWithError(self->nested, key); /* an int key: no Python code runs */
+    *found = value != NULL;
+    if (value == NULL) {
+        *depth = 0;
+        return PyErr_Occurred() ? -1 : 1;
+    }
+    return count(value, depth);
 }
 
-static PyObject *step_core_optimizer_pre(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *step_core_optimizer_pre(HOOK_ARGS) {
+    long long calls, depth;
     /* A step already open, nothing dormant: only the counts (a GradScaler skip is told apart by them). */
-    if (nargs != 3 || present(self->claim) || !present(self->step) || self->nested == NULL ||
-        !PyDict_CheckExact(self->nested))
-        return python(self, PY_OPTIMIZER_PRE, args, nargs);
-    if (add(&self->optimizer_calls, 1) < 0) return failed(self, "optimizer_pre");
+    if (nargs != 3 || KEYWORDS || present(self->claim) || !present(self->step) || self->nested == NULL ||
+        !PyDict_CheckExact(self->nested) || !count(self->optimizer_calls, &calls) || calls == LLONG_MAX)
+        return python_kw(self, PY_OPTIMIZER_PRE, args, nargs, kwnames);
     PyObject *key = PyLong_FromVoidPtr(args[0]); /* id(optimizer) */
     if (key == NULL) return failed(self, "optimizer_pre");
-    int nested = nest(self, key);
+    int found, plain = depth_of(self, key, &depth, &found);
+    if (plain <= 0 || depth == LLONG_MAX) {
+        Py_DECREF(key);
+        if (plain < 0) return failed(self, "optimizer_pre");
+        return python_kw(self, PY_OPTIMIZER_PRE, args, nargs, kwnames);
+    }
+    PyObject *next = PyLong_FromLongLong(depth + 1);
+    int done = next != NULL && set_count(&self->optimizer_calls, calls + 1) == 0 &&
+               PyDict_SetItem(self->nested, key, next) == 0;
+    Py_XDECREF(next);
     Py_DECREF(key);
-    if (nested < 0) return failed(self, "optimizer_pre");
+    if (!done) return failed(self, "optimizer_pre");
     Py_RETURN_NONE;
 }
 
-static PyObject *step_core_optimizer_post(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !present(self->step) || !owner_is_me(self) || self->nested == NULL ||
+static PyObject *step_core_optimizer_post(HOOK_ARGS) {
+    long long steps, depth;
+    if (nargs != 3 || KEYWORDS || !present(self->step) || !owner_is_me(self) || self->nested == NULL ||
         !PyDict_CheckExact(self->nested) || self->stepped == NULL || !PySet_CheckExact(self->stepped) ||
-        self->enabled == NULL)
-        return python(self, PY_OPTIMIZER_POST, args, nargs);
+        self->enabled == NULL || !count(self->optimizer_steps, &steps) || steps == LLONG_MAX ||
+        flag(self->fetched) < 0)
+        return python_kw(self, PY_OPTIMIZER_POST, args, nargs, kwnames);
     PyObject *key = PyLong_FromVoidPtr(args[0]);
     if (key == NULL) return failed(self, "optimizer_post");
-    /* depth = nested.pop(key, 1) - 1: the inner step() of a subclass's super().step() is not the step */
-    PyObject *depth = PyDict_GetItemWithError(self->nested, key);
-    long long value = 1;
-    if (depth != NULL) {
-        value = PyLong_CheckExact(depth) ? PyLong_AsLongLong(depth) : 1;
-        if ((value == -1 && PyErr_Occurred()) || PyDict_DelItem(self->nested, key) < 0) goto error;
-    } else if (PyErr_Occurred()) {
-        goto error;
+    int found, plain = depth_of(self, key, &depth, &found);
+    if (plain <= 0 || depth == LLONG_MIN) {
+        Py_DECREF(key);
+        if (plain < 0) return failed(self, "optimizer_post");
+        return python_kw(self, PY_OPTIMIZER_POST, args, nargs, kwnames);
     }
-    if (value - 1 > 0) {
-        PyObject *rest = PyLong_FromLongLong(value - 1);
-        if (rest == NULL || PyDict_SetItem(self->nested, key, rest) < 0) {
-            Py_XDECREF(rest);
-            goto error;
-        }
-        Py_DECREF(rest);
+    /* depth = nested.pop(key, 1) - 1: the inner step() of a subclass's super().step() is not the step */
+    if (!found) depth = 1;
+    else if (PyDict_DelItem(self->nested, key) < 0) goto error;
+    if (depth - 1 > 0) {
+        PyObject *rest = PyLong_FromLongLong(depth - 1);
+        int kept = rest != NULL && PyDict_SetItem(self->nested, key, rest) == 0;
+        Py_XDECREF(rest);
+        if (!kept) goto error;
         Py_DECREF(key);
         Py_RETURN_NONE;
     }
-    PyObject *enabled = PyObject_CallNoArgs(self->enabled);
+    PyObject *check = Py_NewRef(self->enabled); /* held: the call may rebind the field */
+    PyObject *enabled = PyObject_CallNoArgs(check);
+    Py_DECREF(check);
     int recording = enabled == NULL ? -1 : PyObject_IsTrue(enabled);
     Py_XDECREF(enabled);
     if (recording < 0) goto error;
@@ -291,8 +316,9 @@ static PyObject *step_core_optimizer_post(StepCore *self, PyObject *const *args,
         Py_DECREF(key);
         Py_RETURN_NONE;
     }
-    if (!present(self->step) || self->stepped == NULL || !PySet_CheckExact(self->stepped)) {
-        /* the check ran Python code that changed the step: the Python method's, from here on */
+    if (!present(self->step) || self->stepped == NULL || !PySet_CheckExact(self->stepped) ||
+        !count(self->optimizer_steps, &steps) || steps == LLONG_MAX || flag(self->fetched) < 0) {
+        /* the check ran Python code that changed the state: the Python method's, from here on */
         Py_DECREF(key);
         PyObject *call[2] = {args[0], Py_False};
         PyObject *result = python(self, STEPPED_ONCE, call, 2);
@@ -300,40 +326,41 @@ static PyObject *step_core_optimizer_post(StepCore *self, PyObject *const *args,
         Py_DECREF(result);
         Py_RETURN_NONE;
     }
-    /* _stepped_once(optimizer, skipped=False) with the step open */
+    /* _stepped_once(optimizer, skipped=False) with the step open, inline (an override of it in a subclass is
+     * not called on this path) */
     if (PySet_Add(self->stepped, key) < 0) goto error;
     Py_DECREF(key);
-    if (add(&self->optimizer_steps, 1) < 0) return failed(self, "optimizer_post");
+    if (set_count(&self->optimizer_steps, steps + 1) < 0) return failed(self, "optimizer_post");
     set_flag(&self->complete, 1);
     if (present(self->expected)) { /* every optimizer the iteration steps has stepped: the step ends */
         int all = PyObject_RichCompareBool(self->stepped, self->expected, Py_GE);
         if (all < 0) return failed(self, "optimizer_post");
         if (all) return transition(self, CLOSE, "optimizer_post");
     }
-    if (!truth(self->fetched)) return transition(self, ARM_FORWARD, "optimizer_post");
+    if (flag(self->fetched) == 0) return transition(self, ARM_FORWARD, "optimizer_post");
     Py_RETURN_NONE;
 error:
     Py_DECREF(key);
     return failed(self, "optimizer_post");
 }
 
-static PyObject *step_core_fetch_end(StepCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs == 0 || nargs > 2) return python(self, PY_FETCH_END, args, nargs);
+static PyObject *step_core_fetch_end(HOOK_ARGS) {
+    if (nargs >= 1 && !KEYWORDS && args[0] == Py_None) Py_RETURN_NONE;
+    long long begun, waited, span_min, ended = now_ns();
+    /* A plain start and no error (a failed fetch is the Python method's); a wait, a threshold and a total
+     * that are plain counts without overflow. */
+    if (nargs < 1 || nargs > 2 || KEYWORDS || (nargs == 2 && args[1] != Py_None) || !count(args[0], &begun) ||
+        !count(self->wait_ns, &waited) || !count(self->wait_span_min_ns, &span_min) ||
+        flag(self->awaiting_input) < 0 || begun < 0 || begun > ended || waited > LLONG_MAX - (ended - begun))
+        return python_kw(self, PY_FETCH_END, args, nargs, kwnames);
     PyObject *started = args[0];
-    if (started == Py_None) Py_RETURN_NONE;
-    if (!PyLong_CheckExact(started) || (nargs == 2 && args[1] != Py_None))  /* an error: the Python method's */
-        return python(self, PY_FETCH_END, args, nargs);
-    long long begun = PyLong_AsLongLong(started);
-    if (begun == -1 && PyErr_Occurred()) return failed(self, "fetch_end");
-    long long ended = now_ns();
-    PyObject *step = present(self->step) && owner_is_me(self) ? self->step : NULL;
+    PyObject *step = present(self->step) && owner_is_me(self) ? Py_NewRef(self->step) : NULL;
     if (step != NULL) {
-        Py_INCREF(step);
-        if (add(&self->wait_ns, ended - begun) < 0) {
+        if (set_count(&self->wait_ns, waited + (ended - begun)) < 0) {
             Py_DECREF(step);
             return failed(self, "fetch_end");
         }
-        if (truth(self->awaiting_input)) { /* the batch is in: the step's device work may begin */
+        if (flag(self->awaiting_input) == 1) { /* the batch is in: the step's device work may begin */
             set_flag(&self->awaiting_input, 0);
             PyObject *device_step = PyObject_GetAttr(step, names[DEVICE_STEP]);
             PyObject *result = NULL;
@@ -347,8 +374,6 @@ static PyObject *step_core_fetch_end(StepCore *self, PyObject *const *args, Py_s
             }
         }
     }
-    long long span_min = PyLong_CheckExact(self->wait_span_min_ns) ? PyLong_AsLongLong(self->wait_span_min_ns) : 0;
-    if (span_min == -1 && PyErr_Occurred()) PyErr_Clear();
     if (ended - begun < span_min) {
         Py_XDECREF(step);
         Py_RETURN_NONE;
@@ -365,12 +390,12 @@ static PyObject *step_core_fetch_end(StepCore *self, PyObject *const *args, Py_s
 }
 
 static PyMethodDef step_core_methods[] = {
-    {"backward_begin", (PyCFunction)(void (*)(void))step_core_backward_begin, METH_FASTCALL,
+    {"backward_begin", (PyCFunction)(void (*)(void))step_core_backward_begin, METH_FASTCALL | METH_KEYWORDS,
      "Before torch.autograd.backward (its stand-in checked suppression)."},
-    {"backward_end", (PyCFunction)(void (*)(void))step_core_backward_end, METH_FASTCALL, NULL},
-    {"optimizer_pre", (PyCFunction)(void (*)(void))step_core_optimizer_pre, METH_FASTCALL, NULL},
-    {"optimizer_post", (PyCFunction)(void (*)(void))step_core_optimizer_post, METH_FASTCALL, NULL},
-    {"fetch_end", (PyCFunction)(void (*)(void))step_core_fetch_end, METH_FASTCALL,
+    {"backward_end", (PyCFunction)(void (*)(void))step_core_backward_end, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"optimizer_pre", (PyCFunction)(void (*)(void))step_core_optimizer_pre, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"optimizer_post", (PyCFunction)(void (*)(void))step_core_optimizer_post, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"fetch_end", (PyCFunction)(void (*)(void))step_core_fetch_end, METH_FASTCALL | METH_KEYWORDS,
      "Account the wait to the step; a span only when it blocked (or failed)."},
     {NULL, NULL, 0, NULL},
 };

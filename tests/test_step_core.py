@@ -8,6 +8,7 @@ The transitions are recorded here instead of made, so a test needs no pipeline.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
@@ -30,10 +31,17 @@ def _core() -> type | None:
     return native.StepCore  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=[pytest.param("python", id="python"), pytest.param("c", id="c", marks=pytest.mark.skipif(
-    not NATIVE, reason=f"no C core here: {_ring.supported('on')}"))])
+KINDS = [pytest.param("python", id="python"), pytest.param("c", id="c", marks=pytest.mark.skipif(
+    not NATIVE, reason=f"no C core here: {_ring.supported('on')}"))]
+
+
+@pytest.fixture(params=KINDS)
 def tracker(request: pytest.FixtureRequest) -> Any:
-    base = tracker_class(_core() if request.param == "c" else None)
+    return _make(request.param)
+
+
+def _make(kind: str) -> Any:
+    base = tracker_class(_core() if kind == "c" else None)
 
     class Recording(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -63,8 +71,8 @@ def tracker(request: pytest.FixtureRequest) -> Any:
             self.log.append(("failed", hook))
 
     made = Recording()
-    made.kind = request.param
-    if request.param == "c":
+    made.kind = kind
+    if kind == "c":
         assert type(made).__mro__[2].__name__ == "StepCore" and "StepCore" in repr(type(made).__mro__)
     return made
 
@@ -231,3 +239,109 @@ def test_the_fallback_is_the_python_class_itself() -> None:
         made = tracker_class(_core())
         assert made is tracker_class(_core()) and issubclass(made, StepTracker)
         assert made._py_optimizer_post is StepTracker.optimizer_post
+
+
+def test_keyboard_interrupt_in_a_transition_goes_on_up(tracker: Any) -> None:
+    """The hooks contain an Exception (logged once), never Ctrl-C or SystemExit: the user stops the run."""
+    optimizer = Optimizer()
+    _open_step(tracker)
+    tracker._expected = frozenset({id(optimizer)})
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    tracker._close = interrupted
+    tracker.optimizer_pre(optimizer, (), {})
+    with pytest.raises(KeyboardInterrupt):
+        tracker.optimizer_post(optimizer, (), {})
+    assert ("failed", "optimizer_post") not in tracker.log
+
+
+@pytest.mark.parametrize("threshold", ["deleted", None, 2e6, 10**19], ids=["deleted", "none", "float", "huge"])
+def test_an_odd_threshold_is_the_python_hooks_and_never_a_crash(tracker: Any, threshold: Any) -> None:
+    _open_step(tracker)
+    if threshold == "deleted":
+        del tracker._wait_span_min_ns
+    else:
+        tracker._wait_span_min_ns = threshold
+    tracker.fetch_end(time.time_ns() - 5_000_000)
+    waits = [entry for entry in tracker.log if entry[0] in ("wait span", "failed")]
+    if threshold in ("deleted", None):
+        assert waits == [("failed", "fetch_end")]
+    elif threshold == 2e6:
+        assert waits == [("wait span", True, None)]
+    else:
+        assert waits == []
+
+
+def test_the_threshold_is_the_trackers_field_on_both(tracker: Any) -> None:
+    _open_step(tracker)
+    tracker._wait_span_min_ns = 10**15
+    tracker.fetch_end(time.time_ns() - 5_000_000)
+    assert [entry for entry in tracker.log if entry[0] == "wait span"] == []
+
+
+def test_odd_arguments_and_counts_take_the_python_path(tracker: Any) -> None:
+    _open_step(tracker)
+
+    class Nanoseconds(int):
+        pass
+
+    tracker._wait_ns = Nanoseconds(7)
+    tracker.fetch_end(time.time_ns(), error=ValueError("bad batch"))  # a keyword, as the signature allows
+    assert tracker.log[-1] == ("wait span", True, "ValueError")
+    tracker.fetch_end(True)  # a bool is no plain start: Python's arithmetic, a 'long' wait
+    assert tracker.log[-1] == ("wait span", True, None) and tracker._wait_ns > 7
+    optimizer = Optimizer()
+    tracker._nested = {id(optimizer): 0}  # present at 0: popped, as dict.pop does
+    tracker.optimizer_post(optimizer, (), {})
+    assert tracker._nested == {} and tracker._optimizer_steps == 1
+
+
+def test_a_long_wait_in_another_thread_gets_a_span_outside_the_step(tracker: Any) -> None:
+    _open_step(tracker)
+    thread = threading.Thread(target=tracker.fetch_end, args=(time.time_ns() - 5_000_000,))
+    thread.start()
+    thread.join(timeout=30)
+    assert tracker.log[-1] == ("wait span", False, None) and tracker._wait_ns == 0
+
+
+def test_input_ready_failing_is_contained(tracker: Any) -> None:
+    _open_step(tracker)
+
+    class Broken(Step):
+        def input_ready(self) -> None:
+            raise RuntimeError("broken timeline")
+
+    tracker._step = Broken(device=True)
+    tracker._awaiting_input = True
+    assert tracker.fetch_end(time.time_ns()) is None
+    assert tracker.log[-1] == ("failed", "fetch_end") and not tracker._awaiting_input
+
+
+def test_the_suppression_check_closing_the_step_mid_call(tracker: Any) -> None:
+    """The check is called code: if it changed the state, the rest is the Python method's."""
+    optimizer = Optimizer()
+    _open_step(tracker)
+
+    def check() -> bool:
+        tracker._step = None  # as if the step had closed meanwhile
+        return True
+
+    tracker._enabled = check
+    tracker.optimizer_post(optimizer, (), {})
+    assert tracker._optimizer_steps == 0 and tracker._stepped == set()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tracker_in_a_reference_cycle_is_collected(kind: str) -> None:
+    import weakref
+
+    tracker = _make(kind)
+    _open_step(tracker)
+    tracker.cycle = tracker
+    tracker._step.owner = tracker
+    reference = weakref.ref(tracker)
+    del tracker
+    gc.collect()
+    assert reference() is None

@@ -88,7 +88,8 @@ class StepTracker(Dormancy, NestedWork):
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
         #: Whether a DataLoader iterator has nothing left (``loader_length.py``).
         self._lengths = LoaderLengths()
-        #: What the C core's hooks read of the module (``native/steps.c``), kept on the tracker as its fields.
+        #: The suppression check and the data-wait threshold the optimizer and fetch hooks use, as fields: the
+        #: C core's hooks (``native/steps.c``) read the same ones.
         self._enabled = instrumentation_enabled
         self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
@@ -277,8 +278,8 @@ class StepTracker(Dormancy, NestedWork):
                     self._awaiting_input = False
                     if step.device_step is not None:
                         step.input_ready()
-            if ended - started >= DATA_WAIT_SPAN_MIN_NS or (error is not None
-                                                            and not isinstance(error, StopIteration)):
+            if ended - started >= self._wait_span_min_ns or (error is not None
+                                                             and not isinstance(error, StopIteration)):
                 self._wait_span(started, ended, step, error)
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("fetch_end")
@@ -341,9 +342,9 @@ class StepTracker(Dormancy, NestedWork):
                 return  # the inner step() of a subclass's super().step()
             # _here(), inline for the usual case: a step is open only while the tracker records.
             if self._step is not None and threading.get_ident() == self._owner:
-                if instrumentation_enabled():
+                if self._enabled():  # the check the C core's hook calls too
                     self._stepped_once(optimizer, skipped=False)
-            elif instrumentation_enabled() and self._here():
+            elif self._enabled() and self._here():
                 self._stepped_once(optimizer, skipped=False)
         except Exception:  # noqa: BLE001 - never into the loop
             self._failed("optimizer_post")
