@@ -676,7 +676,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(module, "PlainAttributes", (PyObject *)&PlainAttributesType) < 0 ||
         PyModule_AddObjectRef(module, "StepCore", (PyObject *)&StepCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 8) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 9) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

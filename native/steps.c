@@ -18,6 +18,7 @@
 #include "binding.h"
 
 #include <limits.h>
+#include <string.h>
 #include <stddef.h>
 #include <structmember.h>
 #include <time.h>
@@ -40,7 +41,14 @@
     X(wait_span_min_ns, "_wait_span_min_ns", "A wait at least this long gets its own span.")                 \
     X(complete, "_complete", NULL)                                                                           \
     X(fetched, "_fetched", NULL)                                                                             \
-    X(awaiting_input, "_awaiting_input", NULL)
+    X(awaiting_input, "_awaiting_input", NULL)                                                               \
+    X(template, "_step_template", "The never-begun step _make_step copies (made by the Python one), or None.") \
+    X(number, "_number", "The open (or next) step's number.")                                               \
+    X(just_closed, "_just_closed", "A step closed and none opened since.")                                   \
+    X(ctx, "_ctx", "The open step's context for work nested in it, once made, or None.")                     \
+    X(start_ns, "_start_ns", "The open step's start (wall clock, ns).")                                      \
+    X(collectives, "collectives", "The process groups' collectives (collectives.CollectiveTracker), or None.") \
+    X(end_keys, "_end_keys", "The attributes a step's end sets: substeps, optimizer steps, skipped, data wait.")
 
 typedef struct {
     PyObject_HEAD
@@ -78,7 +86,9 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     self->optimizer_calls = Py_NewRef(zero), self->optimizer_steps = Py_NewRef(zero), self->wait_ns = Py_NewRef(zero);
     self->wait_span_min_ns = zero;
     self->complete = Py_NewRef(Py_False), self->fetched = Py_NewRef(Py_False);
-    self->awaiting_input = Py_NewRef(Py_False);
+    self->awaiting_input = Py_NewRef(Py_False), self->template = Py_NewRef(Py_None);
+    self->number = Py_NewRef(zero), self->just_closed = Py_NewRef(Py_False), self->ctx = Py_NewRef(Py_None);
+    self->start_ns = Py_NewRef(zero), self->collectives = Py_NewRef(Py_None), self->end_keys = Py_NewRef(Py_None);
     if (self->stepped == NULL || self->backward_ends == NULL || self->nested == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -87,7 +97,8 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 }
 
 #define STEP_CORE_OBJECTS(X) X(step) X(owner) X(claim) X(stepped) X(expected) X(backward_ends) X(nested) X(enabled) \
-    X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)
+    X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)  \
+    X(template) X(number) X(just_closed) X(ctx) X(start_ns) X(collectives) X(end_keys)
 
 static int step_core_traverse(StepCore *self, visitproc visit, void *arg) {
 #define VISIT(member) Py_VISIT(self->member);
@@ -163,7 +174,7 @@ static long long now_ns(void) { /* time.time_ns() */
     X(PY_OPTIMIZER_PRE, "_py_optimizer_pre") X(PY_OPTIMIZER_POST, "_py_optimizer_post")                       \
     X(PY_FETCH_END, "_py_fetch_end") X(STEPPED_ONCE, "_stepped_once") X(WAIT_SPAN, "_wait_span")              \
     X(CLOSE, "_close") X(ARM_FORWARD, "_arm_forward") X(FAILED, "_failed") X(DEVICE_STEP, "device_step")      \
-    X(INPUT_READY, "input_ready")
+    X(INPUT_READY, "input_ready") X(PY_MAKE_STEP, "_py_make_step") X(PY_CLOSE, "_py_close") X(END, "end")
 
 enum {
 #define ENUMERATE(symbol, text) symbol,
@@ -389,12 +400,146 @@ static PyObject *step_core_fetch_end(HOOK_ARGS) {
     Py_RETURN_NONE;
 }
 
+/* _close(): the open step ends with its counts, and the state is the next step's. The usual case here (no
+ * collectives, fewer than two backward passes, plain state); anything else is the Python method's (``_py_close``).
+ * An error is raised, as the Python method raises it: its callers contain it. */
+static PyObject *step_core_close(HOOK_ARGS) {
+    long long steps, waited, number;
+    int complete = flag(self->complete), fetched = flag(self->fetched);
+    if (nargs != 0 || KEYWORDS || self->step == NULL || present(self->collectives) || complete < 0 ||
+        fetched < 0 || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends) ||
+        PyList_GET_SIZE(self->backward_ends) >= 2 || self->stepped == NULL || !PySet_CheckExact(self->stepped) ||
+        self->expected == NULL || !count(self->optimizer_steps, &steps) || !count(self->wait_ns, &waited) ||
+        !count(self->number, &number) || number == LLONG_MAX || self->end_keys == NULL ||
+        !PyTuple_CheckExact(self->end_keys) || PyTuple_GET_SIZE(self->end_keys) != 4)
+        return python_kw(self, PY_CLOSE, args, nargs, kwnames);
+    if (self->step == Py_None) Py_RETURN_NONE;
+    /* the Python method's order: the step and its context are let go first */
+    PyObject *step = self->step;
+    self->step = Py_NewRef(Py_None);
+    Py_XSETREF(self->ctx, Py_NewRef(Py_None));
+    if (complete && self->expected == Py_None) { /* the optimizers this iteration stepped: later steps wait for them */
+        PyObject *frozen = PyFrozenSet_New(self->stepped);
+        if (frozen == NULL) goto error;
+        Py_XSETREF(self->expected, frozen);
+    }
+    PyObject *keys = Py_NewRef(self->end_keys);
+    PyObject *ends = PyDict_New();
+    PyObject *values[4] = {PyLong_FromSsize_t(PyList_GET_SIZE(self->backward_ends)), PyLong_FromLongLong(steps),
+                           Py_NewRef(steps == 0 ? Py_True : Py_False), PyFloat_FromDouble((double)waited / 1e9)};
+    int built = ends != NULL;
+    for (int index = 0; index < 4; index++)
+        built = built && values[index] != NULL && PyDict_SetItem(ends, PyTuple_GET_ITEM(keys, index), values[index]) == 0;
+    for (int index = 0; index < 4; index++) Py_XDECREF(values[index]);
+    Py_DECREF(keys);
+    PyObject *ended = built ? PyObject_CallMethodOneArg(step, names[END], ends) : NULL;
+    Py_XDECREF(ends);
+    if (ended == NULL) goto error;
+    Py_DECREF(ended);
+    Py_CLEAR(step);
+    /* the next step's state (the Python _reset) */
+    PyObject *fresh_ends = PyList_New(0), *fresh_stepped = PySet_New(NULL);
+    if (fresh_ends == NULL || fresh_stepped == NULL || set_count(&self->number, number + 1) < 0) {
+        Py_XDECREF(fresh_ends);
+        Py_XDECREF(fresh_stepped);
+        return NULL;
+    }
+    Py_XSETREF(self->backward_ends, fresh_ends);
+    Py_XSETREF(self->stepped, fresh_stepped);
+    if (set_count(&self->start_ns, 0) < 0 || set_count(&self->optimizer_steps, 0) < 0 ||
+        set_count(&self->wait_ns, 0) < 0)
+        return NULL;
+    set_flag(&self->fetched, 0);
+    set_flag(&self->complete, 0);
+    set_flag(&self->just_closed, 1);
+    if (!fetched) { /* a DataLoader-driven loop's next fetch opens the next step; otherwise its forward does */
+        PyObject *armed = python(self, ARM_FORWARD, NULL, 0);
+        if (armed == NULL) return NULL;
+        Py_DECREF(armed);
+    }
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(step);
+    return NULL;
+}
+
+/* A copy of ``template`` (an object of a class made of __slots__ alone: StepDuration) whose every slot holds what
+ * the template's does, except ``_attributes``: a copy of the template's dict with ``key`` set to ``number``. NULL
+ * with an exception, or NULL without one when the class is not one this copies (a __dict__, a slot of another
+ * kind, no ``_attributes`` dict). */
+static PyObject *copy_step(PyObject *template, PyObject *key, PyObject *number) {
+    PyTypeObject *type = Py_TYPE(template);
+    if (type->tp_dictoffset != 0 || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_alloc == NULL) return NULL;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) return NULL;
+#endif
+    int attributes_seen = 0;
+    for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base) {
+        if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_dictoffset != 0) return NULL;
+        for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
+            if (member->type != T_OBJECT_EX || (member->flags & READONLY) ||
+                member->offset < (Py_ssize_t)sizeof(PyObject) || member->offset + (Py_ssize_t)sizeof(PyObject *) >
+                type->tp_basicsize)
+                return NULL;
+            if (member->name[0] == '_' && strcmp(member->name, "_attributes") == 0) {
+                PyObject *value = *(PyObject **)((char *)template + member->offset);
+                if (value == NULL || !PyDict_CheckExact(value)) return NULL;
+                attributes_seen = 1;
+            }
+        }
+    }
+    if (!attributes_seen) return NULL;
+    PyObject *copy = type->tp_alloc(type, 0);
+    if (copy == NULL) return NULL;
+    for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base)
+        for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
+            PyObject *value = *(PyObject **)((char *)template + member->offset);
+            if (value != NULL && member->name[0] == '_' && member->name[1] == 'a' &&
+                strcmp(member->name, "_attributes") == 0) {
+                value = PyDict_Copy(value);
+                if (value == NULL || PyDict_SetItem(value, key, number) < 0) {
+                    Py_XDECREF(value);
+                    Py_DECREF(copy);
+                    return NULL;
+                }
+            } else {
+                Py_XINCREF(value);
+            }
+            *(PyObject **)((char *)copy + member->offset) = value;
+        }
+    return copy;
+}
+
+/* _make_step(key, number): the tracker's next step, a StepDuration whose attributes say ``key`` = ``number``. The
+ * first call makes it with the Python method (the class's own __init__, as the fallback does) and keeps it as the
+ * template; every later one copies the template (``copy_step``): the same object, without __init__'s ~80
+ * bytecodes and its attribute conversion (about 5 000 instructions a step). */
+static PyObject *step_core_make_step(HOOK_ARGS) {
+    if (nargs != 2 || KEYWORDS || !PyUnicode_CheckExact(args[0]) || !PyLong_CheckExact(args[1]))
+        return python_kw(self, PY_MAKE_STEP, args, nargs, kwnames);
+    if (!present(self->template)) {
+        PyObject *made = python(self, PY_MAKE_STEP, args, 2);
+        if (made == NULL) return NULL;
+        Py_XSETREF(self->template, made); /* kept, never begun: every later step is a copy of it */
+    }
+    PyObject *template = Py_NewRef(self->template);
+    PyObject *copy = copy_step(template, args[0], args[1]);
+    Py_DECREF(template);
+    if (copy != NULL) return copy;
+    if (PyErr_Occurred()) return NULL;
+    return python(self, PY_MAKE_STEP, args, 2); /* a class this does not copy: made as the fallback makes it */
+}
+
 static PyMethodDef step_core_methods[] = {
     {"backward_begin", (PyCFunction)(void (*)(void))step_core_backward_begin, METH_FASTCALL | METH_KEYWORDS,
      "Before torch.autograd.backward (its stand-in checked suppression)."},
     {"backward_end", (PyCFunction)(void (*)(void))step_core_backward_end, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"optimizer_pre", (PyCFunction)(void (*)(void))step_core_optimizer_pre, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"optimizer_post", (PyCFunction)(void (*)(void))step_core_optimizer_post, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_close", (PyCFunction)(void (*)(void))step_core_close, METH_FASTCALL | METH_KEYWORDS,
+     "End the open step (steps.py's _close)."},
+    {"_make_step", (PyCFunction)(void (*)(void))step_core_make_step, METH_FASTCALL | METH_KEYWORDS,
+     "The tracker's next step, a copy of the first one it made (steps.py's _make_step)."},
     {"fetch_end", (PyCFunction)(void (*)(void))step_core_fetch_end, METH_FASTCALL | METH_KEYWORDS,
      "Account the wait to the step; a span only when it blocked (or failed)."},
     {NULL, NULL, 0, NULL},

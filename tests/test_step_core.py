@@ -345,3 +345,166 @@ def test_a_tracker_in_a_reference_cycle_is_collected(kind: str) -> None:
     del tracker
     gc.collect()
     assert reference() is None
+
+
+# -- the step's close and its making (``_close``, ``_make_step``): the C core's against the Python methods --------
+class Ending:
+    """An open step that records how it was ended (and the collectives' attributes, on the Python path)."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.ended: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self.fail = fail
+        self.device_step = None
+
+    def end(self, attributes: dict[str, Any] | None = None) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.ended.append(dict(attributes or {}))
+
+    def extra_args(self, **content: Any) -> None:
+        self.extra.update(content)
+
+
+def _closing(kind: str) -> Any:
+    """A tracker whose ``_close`` is its class's own (the C core's on ``c``), with an open, complete step."""
+    base = tracker_class(_core() if kind == "c" else None)
+
+    class Closing(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed = 0
+
+        def _arm_forward(self) -> None:
+            self.armed += 1
+
+    made = Closing()
+    optimizer = Optimizer()
+    made._owner = threading.get_ident()
+    made._step, made._ctx = Ending(), object()
+    made._stepped, made._complete, made._optimizer_steps = {id(optimizer)}, True, 1
+    made._backward_ends.append(time.time_ns())
+    made._wait_ns, made._number, made._start_ns = 2_500_000, 7, time.time_ns()
+    return made
+
+
+def _after_close(tracker: Any) -> tuple[Any, ...]:
+    return (tracker._step, tracker._ctx, tracker._number, tracker._backward_ends, tracker._stepped,
+            tracker._optimizer_steps, tracker._fetched, tracker._complete, tracker._wait_ns, tracker._start_ns,
+            tracker._just_closed, tracker._expected is not None and len(tracker._expected))
+
+
+@pytest.mark.parametrize("fetched", [True, False], ids=["loader", "no-loader"])
+def test_a_step_closes_with_its_counts_and_the_state_is_the_next_steps_on_both(fetched: bool) -> None:
+    seen = {}
+    for kind in [param.values[0] for param in KINDS if NATIVE or param.values[0] == "python"]:
+        tracker = _closing(kind)
+        tracker._fetched = fetched
+        step = tracker._step
+        tracker._close()
+        assert step.ended == [{"training.step.substeps": 1, "training.step.optimizer_steps": 1,
+                               "training.step.skipped": False, "training.step.data_wait_s": 0.0025}], kind
+        assert type(step.ended[0]["training.step.data_wait_s"]) is float
+        assert tracker.armed == (0 if fetched else 1), kind  # a loop without a loader: its forward opens the next
+        seen[kind] = _after_close(tracker)
+        assert seen[kind] == (None, None, 8, [], set(), 0, False, False, 0, 0, True, 1), kind
+        tracker._close()  # nothing open: nothing happens
+        assert tracker._number == 8 and len(step.ended) == 1
+    assert len(set(map(repr, seen.values()))) == 1
+
+
+def test_a_skipped_step_and_odd_state_close_alike_on_both() -> None:
+    """No optimizer step (a GradScaler skip): skipped; a wait that is a float or a number past int64 goes to the
+    Python method, which the C core hands it to before any change."""
+    results = []
+    for kind in [param.values[0] for param in KINDS if NATIVE or param.values[0] == "python"]:
+        for wait in (0, 1.5e6, 2**70):
+            tracker = _closing(kind)
+            tracker._optimizer_steps, tracker._wait_ns = 0, wait
+            step = tracker._step
+            tracker._close()
+            results.append((kind, wait, step.ended, _after_close(tracker)))
+            assert step.ended[0]["training.step.skipped"] is True
+            assert step.ended[0]["training.step.data_wait_s"] == wait / 1e9
+    by_kind = {}
+    for kind, wait, ended, after in results:
+        by_kind.setdefault(kind, []).append((wait, ended, after))
+    assert len({repr(value) for value in by_kind.values()}) == 1
+
+
+def test_collectives_and_substeps_take_the_python_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collectives' attributes and substep spans are the Python method's: the C core hands the whole close over."""
+    for kind in [param.values[0] for param in KINDS if NATIVE or param.values[0] == "python"]:
+        tracker = _closing(kind)
+
+        class Collectives:
+            def step_attributes(self) -> dict[str, Any]:
+                return {"training.collective.count": 3}
+
+        tracker.collectives = Collectives()
+        step = tracker._step
+        tracker._close()
+        assert step.extra == {"training.collective.count": 3} and len(step.ended) == 1, kind
+        assert tracker._number == 8 and tracker._step is None
+
+
+def test_a_failing_end_is_raised_to_the_closes_caller_with_the_step_let_go() -> None:
+    for kind in [param.values[0] for param in KINDS if NATIVE or param.values[0] == "python"]:
+        tracker = _closing(kind)
+        tracker._step = Ending(fail=RuntimeError("end failed"))
+        with pytest.raises(RuntimeError, match="end failed"):
+            tracker._close()
+        assert tracker._step is None and tracker._ctx is None, kind
+        tracker.close()  # the public close contains whatever the next one raises
+        tracker._step = Ending(fail=ValueError("again"))
+        tracker.close()
+        assert tracker._step is None
+
+
+def _slots(step: Any) -> dict[str, Any]:
+    from otel_training.events.duration import Duration
+
+    return {name: getattr(step, name) for name in Duration.__slots__}
+
+
+def test_the_c_core_makes_each_step_a_copy_equal_to_the_python_ones() -> None:
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    from otel_training import semconv as sc
+    from otel_training.events.span_kinds import StepDuration
+
+    python, native = tracker_class(None)(), tracker_class(_core())()
+    native.trainer = python.trainer  # the same process: the same target
+    made = [native._make_step(sc.STEP, number) for number in (0, 1, 2**40)]
+    template = native._step_template
+    assert type(template) is StepDuration and all(step is not template for step in made)
+    for number, step in zip((0, 1, 2**40), made):
+        expected = python._make_step(sc.STEP, number)
+        assert type(step) is StepDuration
+        assert _slots(step) == _slots(expected)
+        assert list(step._attributes.items()) == list(expected._attributes.items())  # the same order too
+        assert step._attributes[sc.STEP] == number
+    # every step its own attributes: one step's change is not the next's, nor the template's
+    made[0]._attributes["x"] = 1
+    assert "x" not in made[1]._attributes and "x" not in template._attributes
+    assert len({id(step._attributes) for step in [*made, template]}) == 4
+
+
+def test_a_template_the_c_core_cannot_copy_is_made_by_python_every_time() -> None:
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    from otel_training import semconv as sc
+    from otel_training.events.span_kinds import StepDuration
+
+    tracker = tracker_class(_core())()
+
+    class WithDict:
+        _attributes: dict[str, Any] = {}
+
+    for odd in (WithDict(), 3, "text"):
+        tracker._step_template = odd
+        step = tracker._make_step(sc.STEP, 5)
+        assert type(step) is StepDuration and step._attributes[sc.STEP] == 5
+        assert tracker._step_template is odd
+    # odd arguments: the Python method's (which makes whatever it makes of them)
+    assert tracker._make_step(sc.STEP, 5.0)._attributes[sc.STEP] == 5.0

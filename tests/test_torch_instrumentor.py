@@ -647,3 +647,36 @@ def test_a_persistent_loader_whose_epochs_differ_in_length_closes_each_epochs_la
     assert all(s["attributes"][sc.STEP_OPTIMIZER_STEPS] == 1 for s in steps)
     assert not [(s["attributes"][sc.STEP], mark) for s in steps for mark in between_epochs
                 if s["start"] < mark < s["end"]]
+
+
+@pytest.mark.parametrize("offload", [True, False], ids=["offloaded", "in-process"])
+def test_an_unmodified_loops_steps_follow_their_epoch_into_each_trace_segment(configure, offload):
+    """The tracker begins a step under its loop's epoch span directly (not in the epoch's context): a trace over
+    budget still continues in a new segment, and every step is a child of the epoch or the segment it is in."""
+    telemetry = configure(trace_max_spans=6, offload=offload)
+    from otel_training.integrations.torch import TorchInstrumentor
+
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument()
+    try:
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in make_loader(20):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    finally:
+        instrumentor.uninstrument()
+    spans = spans_of(telemetry)
+    by_id = {span["span_id"]: span for span in spans}
+    steps = named(spans, sc.SPAN_STEP)
+    assert sorted(s["attributes"][sc.STEP] for s in steps) == list(range(20))
+    epochs = named(spans, sc.SPAN_EPOCH)
+    segments = [s for s in epochs if sc.TRACE_SEGMENT in s["attributes"]]
+    assert len(segments) >= 2  # 20 steps in traces of at most 6 spans
+    for step in steps:
+        parent = by_id[step["parent_id"]]
+        assert parent["name"] == sc.SPAN_EPOCH and parent["trace_id"] == step["trace_id"]
+    per_trace = {}
+    for span in spans:
+        per_trace[span["trace_id"]] = per_trace.get(span["trace_id"], 0) + 1
+    assert max(per_trace.values()) <= 7  # the budget, plus the continuation span itself

@@ -67,14 +67,16 @@ class StepDuration(Duration):
                          "device; training continues")
 
     def begin_detached(self, awaiting_input: bool = False,  # type: ignore[override]
-                       rt: EventsRuntime | None = None, detached: bool = True) -> Duration:
+                       rt: EventsRuntime | None = None, detached: bool = True,
+                       under: Duration | None = None) -> Duration:
         """Begin without becoming the caller's current span; ``context()`` gives a context where it is.
 
         For the torch instrumentor, whose steps open and close at hook calls: a step closed at an odd moment
         cannot leave the user's context in a wrong state, and a step with no work nested in it costs no
         context switch at all. ``awaiting_input``: as ``begin_awaiting_input``; ``rt``: the runtime, when the
         caller has just looked it up. ``detached=False`` (``begin()``, ``with``) makes it current after all:
-        every way of beginning a step runs this one method, one frame.
+        every way of beginning a step runs this one method, one frame. ``under``: the begun Duration current
+        where the step begins (``Duration._begin``), for a caller that knows it.
         """
         step = timeline = None
         if self._span is None:
@@ -88,7 +90,7 @@ class StepDuration(Duration):
                 if timeline is None and _monotonic() >= rt.device_probe_at and device_probe.may_probe(rt):
                     timeline = device_probe.probe(rt)
                 if timeline:
-                    parent = _CURRENT.get()
+                    parent = _CURRENT.get() if under is None else under
                     step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,
                                                awaiting_input)
                     if step is not None:
@@ -96,7 +98,7 @@ class StepDuration(Duration):
             except Exception:  # noqa: BLE001 - contained inline: this is the hot path
                 log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
                          "training continues")
-        self._begin(rt, detached)
+        self._begin(rt, detached, under)
         span = self._span
         if step is not None and span is not None and span.is_recording():
             if span.parent is not None:  # its device step joins this trace: charge the budget here, once
@@ -107,7 +109,7 @@ class StepDuration(Duration):
 
     #: ``begin()`` and ``with trainer.step()``: ``begin_detached`` itself, made current (``detached=False`` by
     #: default), so a step begins in one frame of ours rather than two.
-    begin = __enter__ = _with_defaults(begin_detached, awaiting_input=False, rt=None, detached=False)
+    begin = __enter__ = _with_defaults(begin_detached, awaiting_input=False, rt=None, detached=False, under=None)
 
 
 _new = object.__new__
@@ -140,8 +142,8 @@ class HostWork(Duration):
         super().__init__(*args, **kwargs)
         self._counted_in: EventsRuntime | None = None
 
-    def _begin(self, rt: EventsRuntime | None, detached: bool = False) -> Duration:
-        super()._begin(rt, detached)
+    def _begin(self, rt: EventsRuntime | None, detached: bool = False, under: Duration | None = None) -> Duration:
+        super()._begin(rt, detached, under)
         current = self._runtime
         if self._span is not None and self._counted_in is None and current is not None:
             self._counted_in = current

@@ -54,6 +54,9 @@ class LoopSpans:
         #: The context the loop's work begins in: its epoch's or its train span's, or None (the caller's).
         #: An attribute, not a property: the step tracker reads it on every step. Read-only outside.
         self.context: contextvars.Context | None = None
+        #: The Duration current in ``context`` (the epoch or the train span), or None: a step begins under it
+        #: directly (``Duration._begin``'s ``under``), without entering the context. Read-only outside.
+        self.parent: Duration | None = None
         self._train_context: contextvars.Context | None = None
         #: The user's own spans frame the loop: no train or epoch of ours.
         self.declined = False
@@ -83,6 +86,7 @@ class LoopSpans:
         self._train = train
         self.started = True
         self.context = self._train_context = train.context()
+        self.parent = train
 
     def fetched(self, iterator: Any) -> None:
         """A training fetch from ``iterator``: a new iterator is a new epoch (the previous one ends)."""
@@ -96,7 +100,7 @@ class LoopSpans:
         self._train_context.run(epoch.begin_detached)
         self._epochs += 1
         self._epoch = epoch
-        self.context = epoch.context()
+        self.context, self.parent = epoch.context(), epoch
         try:
             self.epoch_iterator = weakref.ref(iterator)
         except TypeError:  # an iterator without weak references: kept by identity until the next one
@@ -106,7 +110,7 @@ class LoopSpans:
         epoch, self._epoch, self.epoch_iterator = self._epoch, None, None
         if epoch is not None:
             epoch.end()
-            self.context = self._train_context
+            self.context, self.parent = self._train_context, self._train
 
     def begin_evaluation(self) -> None:
         """A ``training.evaluate`` span from the first batch fetched without gradients after a step until the
@@ -128,7 +132,7 @@ class LoopSpans:
         """Training ends (the pipeline closes, the instrumentation is removed)."""
         self.end_evaluation()
         self.end_epoch()
-        train, self._train, self.context, self._train_context = self._train, None, None, None
+        train, self._train, self.context, self._train_context, self.parent = self._train, None, None, None, None
         self.started = self.declined
         if train is not None:
             train.end()

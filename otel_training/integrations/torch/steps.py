@@ -92,6 +92,8 @@ class StepTracker(Dormancy, NestedWork):
         #: C core's hooks (``native/steps.c``) read the same ones.
         self._enabled = instrumentation_enabled
         self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
+        #: The counts a step's end sets, by name (``_close``; the C core's reads them from here).
+        self._end_keys = (sc.STEP_SUBSTEPS, sc.STEP_OPTIMIZER_STEPS, sc.STEP_SKIPPED, sc.STEP_DATA_WAIT_S)
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
         #: The run's own training.train, epoch and evaluation spans, which the steps nest in (``loop_spans.py``).
@@ -139,16 +141,21 @@ class StepTracker(Dormancy, NestedWork):
         self._just_closed = False
         if rt is None:
             rt = self._training()
-        step = new_step(self.trainer, sc.SPAN_STEP, "#step",  # valid attributes: no conversion
-                        {sc.STEP: self._number, sc.INSTRUMENTATION_SOURCE: SOURCE})
-        loop = self.loop.context
-        if loop is None:
+        step = self._make_step(sc.STEP, self._number)
+        parent = self.loop.parent
+        if parent is None:
             step.begin_detached(awaiting_input, rt)
-        else:
-            loop.run(step.begin_detached, awaiting_input, rt)
+        else:  # in the loop's context, where its epoch (or train) span is current: begun under it directly
+            step.begin_detached(awaiting_input, rt, True, parent)
         self._start_ns = time.time_ns()
         self._step, self._ctx = step, None  # its context: made when work nests in it (_begin_in_step)
         self._awaiting_input = awaiting_input
+
+    def _make_step(self, key: str, number: int) -> StepDuration:
+        """The step numbered ``number`` (its attribute ``key``: ``training.step``), not begun. The C core's
+        (``native/steps.c``) copies the first one this made instead of calling ``__init__`` every step."""
+        return new_step(self.trainer, sc.SPAN_STEP, "#step",  # valid attributes: no conversion
+                        {key: number, sc.INSTRUMENTATION_SOURCE: SOURCE})
 
     def _training(self) -> EventsRuntime:
         """Training work: the run's ``training.train`` begins once, and everything ends when the pipeline closes."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 from otel_training.integrations.torch.steps import StepTracker
 
 #: The hooks the C core runs the usual case of, handing every other case to these.
-NATIVE_HOOKS = ("fetch_end", "backward_begin", "backward_end", "optimizer_pre", "optimizer_post")
+NATIVE_HOOKS = ("fetch_end", "backward_begin", "backward_end", "optimizer_pre", "optimizer_post", "_make_step",
+                "_close")
 _made: dict[type, type[StepTracker]] = {}
 
 
@@ -25,5 +26,5 @@ def tracker_class(core: type | None) -> type[StepTracker]:
     if made is None:
         made = _made[core] = type("StepTracker", (core, StepTracker), {
             "__module__": StepTracker.__module__, "__doc__": StepTracker.__doc__,
-            **{f"_py_{hook}": getattr(StepTracker, hook) for hook in NATIVE_HOOKS}})
+            **{f"_py_{hook.lstrip('_')}": getattr(StepTracker, hook) for hook in NATIVE_HOOKS}})
     return made
