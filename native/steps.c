@@ -48,7 +48,15 @@
     X(ctx, "_ctx", "The open step's context for work nested in it, once made, or None.")                     \
     X(start_ns, "_start_ns", "The open step's start (wall clock, ns).")                                      \
     X(collectives, "collectives", "The process groups' collectives (collectives.CollectiveTracker), or None.") \
-    X(end_keys, "_end_keys", "The attributes a step's end sets: substeps, optimizer steps, skipped, data wait.")
+    X(end_keys, "_end_keys", "The attributes a step's end sets: substeps, optimizer steps, skipped, data wait.") \
+    X(step_key, "_step_key", "The attribute a step's number is (training.step).")                           \
+    X(dormant, "dormant", "Records nothing: dormant until the process trains (dormancy.py).")               \
+    X(suspended, "suspended", "Set by framework callbacks that emit their own step spans.")                 \
+    X(loop, "loop", "The run's train, epoch and evaluation spans (loop_spans.LoopSpans).")                  \
+    X(rt, "_rt", "The runtime steps are made in, until its pipeline closes, or None.")                       \
+    X(forward_handle, "_forward_handle", "The forward pre-hook's handle while armed, or None.")              \
+    X(grad_enabled, "_grad_enabled", "torch.is_grad_enabled.")                                               \
+    X(lengths, "_lengths", "Whether a DataLoader iterator has nothing left (loader_length.LoaderLengths).")
 
 typedef struct {
     PyObject_HEAD
@@ -89,6 +97,9 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     self->awaiting_input = Py_NewRef(Py_False), self->template = Py_NewRef(Py_None);
     self->number = Py_NewRef(zero), self->just_closed = Py_NewRef(Py_False), self->ctx = Py_NewRef(Py_None);
     self->start_ns = Py_NewRef(zero), self->collectives = Py_NewRef(Py_None), self->end_keys = Py_NewRef(Py_None);
+    self->step_key = Py_NewRef(Py_None), self->dormant = Py_NewRef(Py_False), self->suspended = Py_NewRef(Py_False);
+    self->loop = Py_NewRef(Py_None), self->rt = Py_NewRef(Py_None), self->forward_handle = Py_NewRef(Py_None);
+    self->grad_enabled = Py_NewRef(Py_None), self->lengths = Py_NewRef(Py_None);
     if (self->stepped == NULL || self->backward_ends == NULL || self->nested == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -98,7 +109,8 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 
 #define STEP_CORE_OBJECTS(X) X(step) X(owner) X(claim) X(stepped) X(expected) X(backward_ends) X(nested) X(enabled) \
     X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)  \
-    X(template) X(number) X(just_closed) X(ctx) X(start_ns) X(collectives) X(end_keys)
+    X(template) X(number) X(just_closed) X(ctx) X(start_ns) X(collectives) X(end_keys) X(step_key) X(dormant)        \
+    X(suspended) X(loop) X(rt) X(forward_handle) X(grad_enabled) X(lengths)
 
 static int step_core_traverse(StepCore *self, visitproc visit, void *arg) {
 #define VISIT(member) Py_VISIT(self->member);
@@ -174,7 +186,12 @@ static long long now_ns(void) { /* time.time_ns() */
     X(PY_OPTIMIZER_PRE, "_py_optimizer_pre") X(PY_OPTIMIZER_POST, "_py_optimizer_post")                       \
     X(PY_FETCH_END, "_py_fetch_end") X(STEPPED_ONCE, "_stepped_once") X(WAIT_SPAN, "_wait_span")              \
     X(CLOSE, "_close") X(ARM_FORWARD, "_arm_forward") X(FAILED, "_failed") X(DEVICE_STEP, "device_step")      \
-    X(INPUT_READY, "input_ready") X(PY_MAKE_STEP, "_py_make_step") X(PY_CLOSE, "_py_close") X(END, "end")
+    X(INPUT_READY, "input_ready") X(PY_MAKE_STEP, "_py_make_step") X(PY_CLOSE, "_py_close") X(END, "end")     \
+    X(PY_FETCH_BEGIN, "_py_fetch_begin") X(PY_OPEN, "_py_open") X(EXHAUSTED, "exhausted") X(TRAINING, "_training") \
+    X(STARTED, "started") X(EPOCH_ITERATOR, "epoch_iterator") X(FETCHED, "fetched") X(OPEN, "_open")            \
+    X(BEGIN_EVALUATION, "begin_evaluation") X(EVALUATION, "evaluation") X(END_EVALUATION, "end_evaluation")     \
+    X(DISARM_FORWARD, "_disarm_forward") X(MAKE_STEP, "_make_step") X(PARENT, "parent")                         \
+    X(BEGIN_DETACHED, "begin_detached")
 
 enum {
 #define ENUMERATE(symbol, text) symbol,
@@ -400,6 +417,155 @@ static PyObject *step_core_fetch_end(HOOK_ARGS) {
     Py_RETURN_NONE;
 }
 
+/* ``object.name()`` (a method of another object: the loop's, the lengths'), its result passed on. */
+static PyObject *call_on(PyObject *object, int name, PyObject *argument) {
+    PyObject *held = Py_NewRef(object); /* the call may rebind the field it came from */
+    PyObject *result = argument == NULL ? PyObject_CallMethodNoArgs(held, names[name])
+                                        : PyObject_CallMethodOneArg(held, names[name], argument);
+    Py_DECREF(held);
+    return result;
+}
+
+/* fetch_begin(iterator): before a DataLoader hands out a batch (its stand-in checked suppression); returns the
+ * wall-clock start (ns) of the wait, or None. The usual case here: nothing dormant or suspended, a loop object, a
+ * plain state. Its parts that are other objects' (the loader's length, the loop's epochs, the step's begin) are
+ * their Python methods, called from here; the rest is the Python method's (``_py_fetch_begin``). An error is
+ * logged once and None returned, as there. */
+static PyObject *step_core_fetch_begin(HOOK_ARGS) {
+    if (nargs != 1 || KEYWORDS || self->dormant != Py_False || self->suspended != Py_False || !present(self->lengths) ||
+        !present(self->grad_enabled) || !present(self->loop) || self->step == NULL || self->owner == NULL ||
+        flag(self->complete) < 0 || self->number == NULL || self->rt == NULL)
+        return python_kw(self, PY_FETCH_BEGIN, args, nargs, kwnames);
+    PyObject *iterator = args[0], *loop = NULL;
+    PyObject *answer = call_on(self->lengths, EXHAUSTED, iterator);
+    int exhausted = answer == NULL ? -1 : PyObject_IsTrue(answer);
+    Py_XDECREF(answer);
+    if (exhausted < 0) return failed(self, "fetch_begin");
+    int here;
+    if (self->owner == Py_None) { /* the first thread that fetches drives steps */
+        PyObject *me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+        if (me == NULL) return failed(self, "fetch_begin");
+        Py_XSETREF(self->owner, me);
+        here = 1;
+    } else {
+        here = owner_is_me(self);
+    }
+    if (here) {
+        int open = present(self->step);
+        if (open && self->complete == Py_True) { /* the boundary a completed step waited for */
+            PyObject *closed = python(self, CLOSE, NULL, 0);
+            if (closed == NULL) return failed(self, "fetch_begin");
+            Py_DECREF(closed);
+            open = 0;
+        }
+        if (!open && !exhausted) {
+            PyObject *check = Py_NewRef(self->grad_enabled);
+            PyObject *enabled = PyObject_CallNoArgs(check);
+            Py_DECREF(check);
+            int training = enabled == NULL ? -1 : PyObject_IsTrue(enabled);
+            Py_XDECREF(enabled);
+            if (training < 0) return failed(self, "fetch_begin");
+            loop = Py_NewRef(self->loop);
+            if (training) {
+                /* rt = self._rt if self._rt is not None and loop.started else self._training() */
+                PyObject *rt = NULL;
+                if (present(self->rt)) {
+                    PyObject *started = PyObject_GetAttr(loop, names[STARTED]);
+                    int yes = started == NULL ? -1 : PyObject_IsTrue(started);
+                    Py_XDECREF(started);
+                    if (yes < 0) goto loop_error;
+                    if (yes) rt = Py_NewRef(self->rt);
+                }
+                if (rt == NULL && (rt = python(self, TRAINING, NULL, 0)) == NULL) goto loop_error;
+                /* a new iterator is a new epoch (fetched()'s own check, here) */
+                PyObject *epoch_of = PyObject_GetAttr(loop, names[EPOCH_ITERATOR]);
+                int same = 0;
+                if (epoch_of != NULL && epoch_of != Py_None) {
+                    PyObject *current = PyObject_CallNoArgs(epoch_of);
+                    same = current == NULL ? -1 : current == iterator;
+                    Py_XDECREF(current);
+                }
+                Py_XDECREF(epoch_of);
+                PyObject *fetched = epoch_of == NULL || same < 0 ? NULL : same ? Py_NewRef(Py_None)
+                                                                            : call_on(loop, FETCHED, iterator);
+                PyObject *call[2] = {Py_True, rt};
+                PyObject *opened = fetched == NULL ? NULL : python(self, OPEN, call, 2);
+                Py_XDECREF(fetched);
+                Py_DECREF(rt);
+                if (opened == NULL) goto loop_error;
+                Py_DECREF(opened);
+            } else {
+                int number = PyObject_IsTrue(self->number);
+                PyObject *begun = number <= 0 ? NULL : call_on(loop, BEGIN_EVALUATION, NULL);
+                if (number < 0 || (number > 0 && begun == NULL)) goto loop_error;
+                Py_XDECREF(begun); /* batches without gradients after training began: an evaluation */
+            }
+            Py_CLEAR(loop);
+        }
+        set_flag(&self->fetched, present(self->step));
+    }
+    if (exhausted) Py_RETURN_NONE; /* a fetch that only raises StopIteration is no wait */
+    return PyLong_FromLongLong(now_ns());
+loop_error:
+    Py_XDECREF(loop);
+    return failed(self, "fetch_begin");
+}
+
+/* _open(awaiting_input, rt): a step begins. The usual case here (no evaluation open, the forward hook disarmed
+ * or not, a runtime given); anything else is the Python method's (``_py_open``). Errors are raised, as there. */
+static PyObject *step_core_open(HOOK_ARGS) {
+    if (nargs != 2 || KEYWORDS || flag(args[0]) < 0 || args[1] == Py_None || !present(self->loop) ||
+        self->forward_handle == NULL || self->step_key == NULL || !PyUnicode_CheckExact(self->step_key) ||
+        self->number == NULL || !PyLong_CheckExact(self->number))
+        return python_kw(self, PY_OPEN, args, nargs, kwnames);
+    PyObject *loop = Py_NewRef(self->loop);
+    PyObject *evaluation = PyObject_GetAttr(loop, names[EVALUATION]);
+    if (evaluation == NULL) goto error;
+    if (evaluation != Py_None) {
+        Py_DECREF(evaluation);
+        evaluation = call_on(loop, END_EVALUATION, NULL);
+        if (evaluation == NULL) goto error;
+    }
+    Py_DECREF(evaluation);
+    if (self->forward_handle != Py_None) {
+        PyObject *disarmed = python(self, DISARM_FORWARD, NULL, 0);
+        if (disarmed == NULL) goto error;
+        Py_DECREF(disarmed);
+    }
+    set_flag(&self->just_closed, 0);
+    PyObject *made_args[2] = {self->step_key, self->number};
+    Py_INCREF(made_args[0]), Py_INCREF(made_args[1]);
+    PyObject *step = python(self, MAKE_STEP, made_args, 2);
+    Py_DECREF(made_args[0]), Py_DECREF(made_args[1]);
+    if (step == NULL) goto error;
+    PyObject *parent = PyObject_GetAttr(loop, names[PARENT]);
+    PyObject *begun = NULL;
+    if (parent != NULL) {
+        /* in the loop's context, where its epoch (or train) span is current: begun under it directly */
+        PyObject *call[5] = {step, args[0], args[1], Py_True, parent};
+        begun = PyObject_VectorcallMethod(names[BEGIN_DETACHED], call,
+                                          parent == Py_None ? 3 : 5, NULL);
+        Py_DECREF(parent);
+    }
+    if (begun == NULL) {
+        Py_DECREF(step);
+        goto error;
+    }
+    Py_DECREF(begun);
+    if (set_count(&self->start_ns, now_ns()) < 0) {
+        Py_DECREF(step);
+        goto error;
+    }
+    Py_XSETREF(self->step, step);
+    Py_XSETREF(self->ctx, Py_NewRef(Py_None)); /* its context: made when work nests in it (_begin_in_step) */
+    Py_XSETREF(self->awaiting_input, Py_NewRef(args[0]));
+    Py_DECREF(loop);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(loop);
+    return NULL;
+}
+
 /* _close(): the open step ends with its counts, and the state is the next step's. The usual case here (no
  * collectives, fewer than two backward passes, plain state); anything else is the Python method's (``_py_close``).
  * An error is raised, as the Python method raises it: its callers contain it. */
@@ -536,6 +702,10 @@ static PyMethodDef step_core_methods[] = {
     {"backward_end", (PyCFunction)(void (*)(void))step_core_backward_end, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"optimizer_pre", (PyCFunction)(void (*)(void))step_core_optimizer_pre, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"optimizer_post", (PyCFunction)(void (*)(void))step_core_optimizer_post, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"fetch_begin", (PyCFunction)(void (*)(void))step_core_fetch_begin, METH_FASTCALL | METH_KEYWORDS,
+     "Before DataLoader hands out a batch (its stand-in checked suppression): the wait's start (ns), or None."},
+    {"_open", (PyCFunction)(void (*)(void))step_core_open, METH_FASTCALL | METH_KEYWORDS,
+     "A step begins (steps.py's _open)."},
     {"_close", (PyCFunction)(void (*)(void))step_core_close, METH_FASTCALL | METH_KEYWORDS,
      "End the open step (steps.py's _close)."},
     {"_make_step", (PyCFunction)(void (*)(void))step_core_make_step, METH_FASTCALL | METH_KEYWORDS,

@@ -508,3 +508,229 @@ def test_a_template_the_c_core_cannot_copy_is_made_by_python_every_time() -> Non
         assert tracker._step_template is odd
     # odd arguments: the Python method's (which makes whatever it makes of them)
     assert tracker._make_step(sc.STEP, 5.0)._attributes[sc.STEP] == 5.0
+
+
+# -- a fetch's begin and a step's opening (``fetch_begin``, ``_open``): the C core's against the Python methods ---
+class Loop:
+    """What the fetch and the opening read and call of the loop's spans (``loop_spans.LoopSpans``)."""
+
+    def __init__(self, started: bool = True) -> None:
+        self.started = started
+        self.epoch_iterator: Any = None
+        self.evaluation: Any = None
+        self.parent: Any = None
+        self.calls: list[tuple[Any, ...]] = []
+
+    def fetched(self, iterator: Any) -> None:
+        self.calls.append(("fetched",))
+        self.epoch_iterator = lambda: iterator
+
+    def begin_evaluation(self) -> None:
+        self.calls.append(("begin evaluation",))
+        self.evaluation = "evaluation"
+
+    def end_evaluation(self) -> None:
+        self.calls.append(("end evaluation",))
+        self.evaluation = None
+
+
+class Lengths:
+    def __init__(self, exhausted: bool = False, fail: bool = False) -> None:
+        self.answer, self.fail = exhausted, fail
+
+    def exhausted(self, iterator: Any) -> bool:
+        if self.fail:
+            raise RuntimeError("no length")
+        return self.answer
+
+
+def _fetching(kind: str, grad: bool = True) -> Any:
+    """A tracker whose ``fetch_begin`` is its class's own, recording the openings, closes and runtime asked for."""
+    base = tracker_class(_core() if kind == "c" else None)
+
+    class Fetching(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[Any, ...]] = []
+            self.loop = Loop()
+            self._lengths = Lengths()
+            self._grad_enabled = lambda: grad
+            self._rt = "runtime"
+
+        def _open(self, awaiting_input: bool = False, rt: Any = None) -> None:
+            self.log.append(("open", awaiting_input, rt))
+            self._step = Ending()
+
+        def _close(self) -> None:
+            self.log.append(("close",))
+            self._step, self._complete = None, False
+
+        def _training(self) -> Any:
+            self.log.append(("training",))
+            return "fresh runtime"
+
+        def _failed(self, hook: str) -> None:
+            self.log.append(("failed", hook))
+
+    return Fetching()
+
+
+def _both() -> list[str]:
+    return [param.values[0] for param in KINDS if NATIVE or param.values[0] == "python"]
+
+
+def test_a_fetch_opens_the_step_awaiting_its_input_and_the_next_fetch_closes_it_on_both(monkeypatch) -> None:
+    import otel_training.integrations.torch.steps as steps
+
+    seen = {}
+    for kind in _both():
+        tracker = _fetching(kind)
+        monkeypatch.setattr(steps, "grad_enabled", tracker._grad_enabled)  # the Python method's name for it
+        iterator = object()
+        before = time.time_ns()
+        started = tracker.fetch_begin(iterator)
+        assert type(started) is int and before <= started <= time.time_ns(), kind
+        assert tracker._owner == threading.get_ident() and tracker._fetched is True
+        assert tracker.log == [("open", True, "runtime")] and tracker.loop.calls == [("fetched",)], kind
+        tracker.fetch_begin(iterator)  # the same epoch, a step open and not complete: nothing
+        tracker._complete = True
+        tracker.fetch_begin(iterator)  # the boundary: the completed step closes, the next opens
+        assert tracker.log[1:] == [("close",), ("open", True, "runtime")] and tracker.loop.calls == [("fetched",)]
+        tracker.loop.started = False  # the loop's train span not begun: the runtime asked for it
+        tracker._complete = True
+        tracker.fetch_begin(object())  # and a new iterator is a new epoch
+        assert tracker.log[3:] == [("close",), ("training",), ("open", True, "fresh runtime")], kind
+        assert tracker.loop.calls == [("fetched",), ("fetched",)]
+        seen[kind] = (tracker.log, tracker.loop.calls, tracker._fetched)
+    assert len({repr(value) for value in seen.values()}) == 1
+
+
+def test_an_exhausted_loader_a_fetch_without_gradients_and_another_thread_on_both(monkeypatch) -> None:
+    import otel_training.integrations.torch.steps as steps
+
+    for kind in _both():
+        tracker = _fetching(kind, grad=False)
+        monkeypatch.setattr(steps, "grad_enabled", tracker._grad_enabled)
+        tracker.fetch_begin(object())  # no gradients before training began: nothing
+        assert tracker.log == [] and tracker.loop.calls == [] and tracker._fetched is False, kind
+        tracker._number = 3  # after training began: an evaluation
+        assert type(tracker.fetch_begin(object())) is int
+        assert tracker.loop.calls == [("begin evaluation",)] and tracker.log == [], kind
+        tracker._lengths = Lengths(exhausted=True)  # a fetch that only raises StopIteration is no wait
+        assert tracker.fetch_begin(object()) is None and tracker.log == [], kind
+        results: list[Any] = []
+        other = _fetching(kind)
+        other._owner = -1 if kind == "python" else 2**64 - 1  # another thread drives steps
+        worker = threading.Thread(target=lambda: results.append(other.fetch_begin(object())))
+        worker.start()
+        worker.join(timeout=30)
+        assert type(results[0]) is int and other.log == [] and other._fetched is False, kind
+
+
+def test_a_failing_length_is_contained_and_dormant_or_suspended_trackers_take_the_python_path(monkeypatch) -> None:
+    import otel_training.integrations.torch.steps as steps
+
+    for kind in _both():
+        tracker = _fetching(kind)
+        monkeypatch.setattr(steps, "grad_enabled", tracker._grad_enabled)
+        tracker._lengths = Lengths(fail=True)
+        assert tracker.fetch_begin(object()) is None
+        assert tracker.log == [("failed", "fetch_begin")], kind
+        tracker = _fetching(kind)
+        tracker.suspended = True  # a framework's callbacks make the steps
+        assert type(tracker.fetch_begin(object())) is int and tracker.log == [] and tracker._owner is None, kind
+        tracker.suspended, tracker.dormant = False, True  # dormant (no claim pending: stays so)
+        assert tracker.fetch_begin(object()) is None and tracker.log == [], kind
+
+
+class Opening:
+    """A step as ``_open`` begins it: the arguments of its ``begin_detached``."""
+
+    def __init__(self, key: str, number: int) -> None:
+        self.key, self.number = key, number
+        self.begun: Any = None
+
+    def begin_detached(self, *args: Any) -> Any:
+        self.begun = args
+        return self
+
+
+def _opening(kind: str) -> Any:
+    base = tracker_class(_core() if kind == "c" else None)
+
+    class Open(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.loop = Loop()
+            self.log: list[tuple[Any, ...]] = []
+
+        def _make_step(self, key: str, number: int) -> Any:
+            return Opening(key, number)
+
+        def _disarm_forward(self) -> None:
+            self.log.append(("disarm",))
+            self._forward_handle = None
+
+        def _training(self) -> Any:
+            self.log.append(("training",))
+            return "fresh runtime"
+
+    return Open()
+
+
+def test_a_step_opens_under_the_loops_parent_ending_an_evaluation_and_the_forward_hook_on_both() -> None:
+    seen = {}
+    for kind in _both():
+        tracker = _opening(kind)
+        tracker.loop.evaluation, tracker.loop.parent = "evaluation", "epoch"
+        tracker._forward_handle, tracker._just_closed, tracker._number, tracker._ctx = "handle", True, 4, "old"
+        before = time.time_ns()
+        tracker._open(True, "runtime")
+        step = tracker._step
+        assert (step.key, step.number, step.begun) == ("training.step", 4, (True, "runtime", True, "epoch")), kind
+        assert tracker.loop.calls == [("end evaluation",)] and tracker.log == [("disarm",)], kind
+        assert before <= tracker._start_ns <= time.time_ns()
+        assert (tracker._ctx, tracker._awaiting_input, tracker._just_closed) == (None, True, False)
+        tracker.loop.parent = None  # no loop span: begun in the caller's context
+        tracker._open(False, "runtime")
+        assert tracker._step.begun == (False, "runtime") and tracker._awaiting_input is False, kind
+        tracker._open()  # no runtime given: the Python method asks for it (the same on both)
+        assert tracker._step.begun == (False, "fresh runtime") and tracker.log[-1] == ("training",), kind
+        seen[kind] = (tracker.log, tracker.loop.calls)
+    assert len({repr(value) for value in seen.values()}) == 1
+
+
+def test_a_failing_begin_is_raised_to_the_opens_caller_and_leaves_no_step() -> None:
+    for kind in _both():
+        tracker = _opening(kind)
+
+        class Failing(Opening):
+            def begin_detached(self, *args: Any) -> Any:
+                raise RuntimeError("begin failed")
+
+        tracker._make_step = lambda key, number: Failing(key, number)
+        with pytest.raises(RuntimeError, match="begin failed"):
+            tracker._open(True, "runtime")
+        assert tracker._step is None, kind
+
+
+def test_the_c_core_takes_the_usual_fetch_and_opening_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without this, every test above could pass on the Python methods the C core hands odd cases to."""
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    handed: list[str] = []
+    for make, hook, call in [(_fetching, "_py_fetch_begin", lambda made: made.fetch_begin(object())),
+                             (_opening, "_py_open", lambda made: made._open(True, "runtime")),
+                             (_closing, "_py_close", lambda made: made._close())]:
+        made = make("c")
+        native_class = type(made).__mro__[1]
+        python_method = getattr(native_class, hook)
+        monkeypatch.setattr(native_class, hook, lambda self, *args, _hook=hook, _method=python_method, **kwargs: (
+            handed.append(_hook), _method(self, *args, **kwargs))[1])
+        call(made)
+        made.dormant = True  # and an odd case is handed over
+        if hook == "_py_fetch_begin":
+            call(made)
+            assert handed == ["_py_fetch_begin"]
+            handed.clear()
+    assert handed == []

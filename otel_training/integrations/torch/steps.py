@@ -94,6 +94,10 @@ class StepTracker(Dormancy, NestedWork):
         self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
         #: The counts a step's end sets, by name (``_close``; the C core's reads them from here).
         self._end_keys = (sc.STEP_SUBSTEPS, sc.STEP_OPTIMIZER_STEPS, sc.STEP_SKIPPED, sc.STEP_DATA_WAIT_S)
+        #: The attribute a step's number is, and torch's gradient check: the C core's ``_open`` and
+        #: ``fetch_begin`` read them from here (the Python methods use the module's names).
+        self._step_key = sc.STEP
+        self._grad_enabled = grad_enabled
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
         self.collectives: Any = None
         #: The run's own training.train, epoch and evaluation spans, which the steps nest in (``loop_spans.py``).

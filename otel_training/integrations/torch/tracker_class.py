@@ -13,7 +13,7 @@ from otel_training.integrations.torch.steps import StepTracker
 
 #: The hooks the C core runs the usual case of, handing every other case to these.
 NATIVE_HOOKS = ("fetch_end", "backward_begin", "backward_end", "optimizer_pre", "optimizer_post", "_make_step",
-                "_close")
+                "_close", "fetch_begin", "_open")
 _made: dict[type, type[StepTracker]] = {}
 
 
