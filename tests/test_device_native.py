@@ -67,11 +67,23 @@ class NativeFake:
         self.device = device
         self.library = library
         self.capturing = False
+        self.stopped = False  # the test ended: markers still waiting to be recorded never will be
 
     def raw_stream(self) -> int | None:
         if self.capturing:
             return None
-        self.device.enqueue(lambda: self.library.fake_complete(1))
+        # The marker C records next gets the driver's next order. Its completion waits on the device until it
+        # is recorded: a device idle when this is enqueued (a loaded machine's training thread descheduled
+        # between this call and the record) would otherwise complete nothing, and every later marker would
+        # complete one step late (CI saw a 2 ms kernel's step last 0.43 ms).
+        order = self.library.fake_count(2) + 1
+
+        def complete() -> None:  # a marker never recorded (the test ended first) completes nothing
+            if wait_until(lambda: self.stopped or self.library.fake_count(2) >= order, timeout_s=10,
+                          interval_s=0.0005) and not self.stopped:
+                self.library.fake_complete(1)
+
+        self.device.enqueue(complete)
         return 0
 
     def launch(self, seconds: float) -> None:
@@ -91,6 +103,7 @@ def native_fake(monkeypatch: pytest.MonkeyPatch, driver: tuple[str, ctypes.CDLL]
     monkeypatch.setattr(device_records, "DRIVER", driver[0])
     monkeypatch.setattr(device_probe, "_factory", lambda: adapter)
     yield adapter
+    adapter.stopped = True
     device.stop()
 
 
