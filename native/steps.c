@@ -64,6 +64,8 @@ typedef struct {
     STEP_CORE_FIELDS(DECLARE)
 #undef DECLARE
     /* No dict here: the Python subclass's own (a managed dict) is the one the interpreter specialises reads of. */
+    PyObject *copied_type;        /* the template's class once copy_step has checked it (held), or NULL */
+    Py_ssize_t attributes_offset; /* where that class keeps ``_attributes`` */
 } StepCore;
 
 static PyMemberDef step_core_members[] = {
@@ -110,7 +112,7 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 #define STEP_CORE_OBJECTS(X) X(step) X(owner) X(claim) X(stepped) X(expected) X(backward_ends) X(nested) X(enabled) \
     X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)  \
     X(template) X(number) X(just_closed) X(ctx) X(start_ns) X(collectives) X(end_keys) X(step_key) X(dormant)        \
-    X(suspended) X(loop) X(rt) X(forward_handle) X(grad_enabled) X(lengths)
+    X(suspended) X(loop) X(rt) X(forward_handle) X(grad_enabled) X(lengths) X(copied_type)
 
 static int step_core_traverse(StepCore *self, visitproc visit, void *arg) {
 #define VISIT(member) Py_VISIT(self->member);
@@ -633,13 +635,19 @@ error:
  * the template's does, except ``_attributes``: a copy of the template's dict with ``key`` set to ``number``. NULL
  * with an exception, or NULL without one when the class is not one this copies (a __dict__, a slot of another
  * kind, no ``_attributes`` dict). */
-static PyObject *copy_step(PyObject *template, PyObject *key, PyObject *number) {
+static PyObject *copy_step(StepCore *self, PyObject *template, PyObject *key, PyObject *number) {
     PyTypeObject *type = Py_TYPE(template);
+    if ((PyObject *)type == self->copied_type) { /* checked before: only the copy (a class's slots never change) */
+        PyObject *attributes = *(PyObject **)((char *)template + self->attributes_offset);
+        if (attributes == NULL || !PyDict_CheckExact(attributes)) return NULL;
+        goto copy;
+    }
     if (type->tp_dictoffset != 0 || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_alloc == NULL) return NULL;
 #ifdef Py_TPFLAGS_MANAGED_DICT
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) return NULL;
 #endif
     int attributes_seen = 0;
+    Py_ssize_t offset = 0;
     for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base) {
         if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_dictoffset != 0) return NULL;
         for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
@@ -647,21 +655,24 @@ static PyObject *copy_step(PyObject *template, PyObject *key, PyObject *number) 
                 member->offset < (Py_ssize_t)sizeof(PyObject) || member->offset + (Py_ssize_t)sizeof(PyObject *) >
                 type->tp_basicsize)
                 return NULL;
-            if (member->name[0] == '_' && strcmp(member->name, "_attributes") == 0) {
+            if (strcmp(member->name, "_attributes") == 0) {
                 PyObject *value = *(PyObject **)((char *)template + member->offset);
                 if (value == NULL || !PyDict_CheckExact(value)) return NULL;
                 attributes_seen = 1;
+                offset = member->offset;
             }
         }
     }
     if (!attributes_seen) return NULL;
+    Py_XSETREF(self->copied_type, Py_NewRef((PyObject *)type)); /* checked: this class and where it keeps them */
+    self->attributes_offset = offset;
+copy:;
     PyObject *copy = type->tp_alloc(type, 0);
     if (copy == NULL) return NULL;
     for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base)
         for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
             PyObject *value = *(PyObject **)((char *)template + member->offset);
-            if (value != NULL && member->name[0] == '_' && member->name[1] == 'a' &&
-                strcmp(member->name, "_attributes") == 0) {
+            if (value != NULL && member->offset == self->attributes_offset) {
                 value = PyDict_Copy(value);
                 if (value == NULL || PyDict_SetItem(value, key, number) < 0) {
                     Py_XDECREF(value);
@@ -689,7 +700,7 @@ static PyObject *step_core_make_step(HOOK_ARGS) {
         Py_XSETREF(self->template, made); /* kept, never begun: every later step is a copy of it */
     }
     PyObject *template = Py_NewRef(self->template);
-    PyObject *copy = copy_step(template, args[0], args[1]);
+    PyObject *copy = copy_step(self, template, args[0], args[1]);
     Py_DECREF(template);
     if (copy != NULL) return copy;
     if (PyErr_Occurred()) return NULL;

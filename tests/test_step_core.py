@@ -734,3 +734,26 @@ def test_the_c_core_takes_the_usual_fetch_and_opening_itself(monkeypatch: pytest
             assert handed == ["_py_fetch_begin"]
             handed.clear()
     assert handed == []
+
+
+def test_a_template_of_another_class_is_checked_again_and_copied_whole() -> None:
+    """The C core remembers the class it checked and where it keeps its attributes: a template of another class
+    (a subclass with a slot of its own) is checked again, and its copies carry every slot."""
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    from otel_training import semconv as sc
+    from otel_training.events.span_kinds import StepDuration
+
+    class Tagged(StepDuration):
+        __slots__ = ("tag",)
+
+    tracker = tracker_class(_core())()
+    first = tracker._make_step(sc.STEP, 1)
+    assert type(first) is StepDuration and first._attributes[sc.STEP] == 1
+    tagged = Tagged(tracker.trainer, sc.SPAN_STEP, None, event_name="#step", attributes={sc.STEP: 0})
+    tagged.tag = "kept"
+    tracker._step_template = tagged
+    copy = tracker._make_step(sc.STEP, 2)
+    assert type(copy) is Tagged and copy.tag == "kept" and copy._attributes[sc.STEP] == 2
+    assert _slots(copy) == {**_slots(tagged), "_attributes": copy._attributes}
+    assert tagged._attributes[sc.STEP] == 0
