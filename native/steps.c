@@ -202,6 +202,7 @@ enum {
     NAME_COUNT
 };
 static PyObject *names[NAME_COUNT];
+static PyObject *names_one; /* the int 1 (_close's step count) */
 
 int ot_steps_init(void) {
     static const char *const texts[NAME_COUNT] = {
@@ -211,6 +212,7 @@ int ot_steps_init(void) {
     };
     for (int index = 0; index < NAME_COUNT; index++)
         if (names[index] == NULL && (names[index] = PyUnicode_InternFromString(texts[index])) == NULL) return -1;
+    if (names_one == NULL && (names_one = PyLong_FromLong(1)) == NULL) return -1;
     return 0;
 }
 
@@ -428,15 +430,26 @@ static PyObject *call_on(PyObject *object, int name, PyObject *argument) {
     return result;
 }
 
+/* A field read again after Python code ran (which may have deleted it): a new reference, or NULL with the
+ * AttributeError reading it from Python would raise. */
+static PyObject *field_again(PyObject *value, const char *name) {
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "StepTracker has no attribute '%s'", name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
 /* fetch_begin(iterator): before a DataLoader hands out a batch (its stand-in checked suppression); returns the
  * wall-clock start (ns) of the wait, or None. The usual case here: nothing dormant or suspended, a loop object, a
  * plain state. Its parts that are other objects' (the loader's length, the loop's epochs, the step's begin) are
  * their Python methods, called from here; the rest is the Python method's (``_py_fetch_begin``). An error is
- * logged once and None returned, as there. */
+ * logged once and None returned, as there. Every field read after Python code ran is read again, checked. */
 static PyObject *step_core_fetch_begin(HOOK_ARGS) {
     if (nargs != 1 || KEYWORDS || self->dormant != Py_False || self->suspended != Py_False || !present(self->lengths) ||
         !present(self->grad_enabled) || !present(self->loop) || self->step == NULL || self->owner == NULL ||
-        flag(self->complete) < 0 || self->number == NULL || self->rt == NULL)
+        (self->owner != Py_None && !PyLong_CheckExact(self->owner)) || flag(self->complete) < 0 ||
+        self->number == NULL || self->rt == NULL)
         return python_kw(self, PY_FETCH_BEGIN, args, nargs, kwnames);
     PyObject *iterator = args[0], *loop = NULL;
     PyObject *answer = call_on(self->lengths, EXHAUSTED, iterator);
@@ -444,6 +457,10 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
     Py_XDECREF(answer);
     if (exhausted < 0) return failed(self, "fetch_begin");
     int here;
+    if (self->owner == NULL) { /* deleted by the call above: as Python's read of it would */
+        PyErr_SetString(PyExc_AttributeError, "StepTracker has no attribute '_owner'");
+        return failed(self, "fetch_begin");
+    }
     if (self->owner == Py_None) { /* the first thread that fetches drives steps */
         PyObject *me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
         if (me == NULL) return failed(self, "fetch_begin");
@@ -461,13 +478,13 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
             open = 0;
         }
         if (!open && !exhausted) {
-            PyObject *check = Py_NewRef(self->grad_enabled);
-            PyObject *enabled = PyObject_CallNoArgs(check);
-            Py_DECREF(check);
+            PyObject *check = field_again(self->grad_enabled, "_grad_enabled");
+            PyObject *enabled = check == NULL ? NULL : PyObject_CallNoArgs(check);
+            Py_XDECREF(check);
             int training = enabled == NULL ? -1 : PyObject_IsTrue(enabled);
             Py_XDECREF(enabled);
             if (training < 0) return failed(self, "fetch_begin");
-            loop = Py_NewRef(self->loop);
+            if ((loop = field_again(self->loop, "loop")) == NULL) goto loop_error;
             if (training) {
                 /* rt = self._rt if self._rt is not None and loop.started else self._training() */
                 PyObject *rt = NULL;
@@ -476,7 +493,8 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
                     int yes = started == NULL ? -1 : PyObject_IsTrue(started);
                     Py_XDECREF(started);
                     if (yes < 0) goto loop_error;
-                    if (yes) rt = Py_NewRef(self->rt);
+                    if (yes && (rt = field_again(self->rt, "_rt")) == NULL) goto loop_error;
+                    if (rt == Py_None) Py_CLEAR(rt); /* rebound by the read above: asked for, as Python would */
                 }
                 if (rt == NULL && (rt = python(self, TRAINING, NULL, 0)) == NULL) goto loop_error;
                 /* a new iterator is a new epoch (fetched()'s own check, here) */
@@ -497,9 +515,11 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
                 if (opened == NULL) goto loop_error;
                 Py_DECREF(opened);
             } else {
-                int number = PyObject_IsTrue(self->number);
-                PyObject *begun = number <= 0 ? NULL : call_on(loop, BEGIN_EVALUATION, NULL);
-                if (number < 0 || (number > 0 && begun == NULL)) goto loop_error;
+                PyObject *number = field_again(self->number, "_number");
+                int after = number == NULL ? -1 : PyObject_IsTrue(number);
+                Py_XDECREF(number);
+                PyObject *begun = after <= 0 ? NULL : call_on(loop, BEGIN_EVALUATION, NULL);
+                if (after < 0 || (after > 0 && begun == NULL)) goto loop_error;
                 Py_XDECREF(begun); /* batches without gradients after training began: an evaluation */
             }
             Py_CLEAR(loop);
@@ -513,14 +533,15 @@ loop_error:
     return failed(self, "fetch_begin");
 }
 
-/* _open(awaiting_input, rt): a step begins. The usual case here (no evaluation open, the forward hook disarmed
- * or not, a runtime given); anything else is the Python method's (``_py_open``). Errors are raised, as there. */
+/* _open(awaiting_input, rt): a step begins. The usual case here (a loop object, a runtime given); anything else is
+ * the Python method's (``_py_open``). Errors are raised, as there. Fields read after Python code ran are read
+ * again, checked. */
 static PyObject *step_core_open(HOOK_ARGS) {
     if (nargs != 2 || KEYWORDS || flag(args[0]) < 0 || args[1] == Py_None || !present(self->loop) ||
         self->forward_handle == NULL || self->step_key == NULL || !PyUnicode_CheckExact(self->step_key) ||
         self->number == NULL || !PyLong_CheckExact(self->number))
         return python_kw(self, PY_OPEN, args, nargs, kwnames);
-    PyObject *loop = Py_NewRef(self->loop);
+    PyObject *loop = Py_NewRef(self->loop), *step = NULL;
     PyObject *evaluation = PyObject_GetAttr(loop, names[EVALUATION]);
     if (evaluation == NULL) goto error;
     if (evaluation != Py_None) {
@@ -529,106 +550,116 @@ static PyObject *step_core_open(HOOK_ARGS) {
         if (evaluation == NULL) goto error;
     }
     Py_DECREF(evaluation);
+    if (self->forward_handle == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "StepTracker has no attribute '_forward_handle'");
+        goto error;
+    }
     if (self->forward_handle != Py_None) {
         PyObject *disarmed = python(self, DISARM_FORWARD, NULL, 0);
         if (disarmed == NULL) goto error;
         Py_DECREF(disarmed);
     }
     set_flag(&self->just_closed, 0);
-    PyObject *made_args[2] = {self->step_key, self->number};
-    Py_INCREF(made_args[0]), Py_INCREF(made_args[1]);
-    PyObject *step = python(self, MAKE_STEP, made_args, 2);
-    Py_DECREF(made_args[0]), Py_DECREF(made_args[1]);
+    PyObject *made_args[2] = {field_again(self->step_key, "_step_key"), field_again(self->number, "_number")};
+    step = made_args[0] == NULL || made_args[1] == NULL ? NULL : python(self, MAKE_STEP, made_args, 2);
+    Py_XDECREF(made_args[0]), Py_XDECREF(made_args[1]);
     if (step == NULL) goto error;
     PyObject *parent = PyObject_GetAttr(loop, names[PARENT]);
-    PyObject *begun = NULL;
-    if (parent != NULL) {
-        /* in the loop's context, where its epoch (or train) span is current: begun under it directly */
-        PyObject *call[5] = {step, args[0], args[1], Py_True, parent};
-        begun = PyObject_VectorcallMethod(names[BEGIN_DETACHED], call,
-                                          parent == Py_None ? 3 : 5, NULL);
-        Py_DECREF(parent);
-    }
-    if (begun == NULL) {
-        Py_DECREF(step);
-        goto error;
-    }
+    if (parent == NULL) goto error;
+    /* in the loop's context, where its epoch (or train) span is current: begun under it directly */
+    PyObject *call[5] = {step, args[0], args[1], Py_True, parent};
+    PyObject *begun = PyObject_VectorcallMethod(names[BEGIN_DETACHED], call, parent == Py_None ? 3 : 5, NULL);
+    Py_DECREF(parent);
+    if (begun == NULL) goto error;
     Py_DECREF(begun);
-    if (set_count(&self->start_ns, now_ns()) < 0) {
-        Py_DECREF(step);
-        goto error;
-    }
-    Py_XSETREF(self->step, step);
+    if (set_count(&self->start_ns, now_ns()) < 0) goto error;
+    Py_XSETREF(self->step, step); /* the step's reference is the field's now */
     Py_XSETREF(self->ctx, Py_NewRef(Py_None)); /* its context: made when work nests in it (_begin_in_step) */
     Py_XSETREF(self->awaiting_input, Py_NewRef(args[0]));
     Py_DECREF(loop);
     Py_RETURN_NONE;
 error:
+    Py_XDECREF(step);
     Py_DECREF(loop);
     return NULL;
 }
 
 /* _close(): the open step ends with its counts, and the state is the next step's. The usual case here (no
  * collectives, fewer than two backward passes, plain state); anything else is the Python method's (``_py_close``).
- * An error is raised, as the Python method raises it: its callers contain it. */
+ * An error is raised, as the Python method raises it: its callers contain it. What the end's attributes need is
+ * taken before any Python code runs; what comes after the step's end (which runs Python code) is read again, as
+ * the Python method reads it then. The objects let go here are released last: a finaliser sees the new state. */
 static PyObject *step_core_close(HOOK_ARGS) {
-    long long steps, waited, number;
-    int complete = flag(self->complete), fetched = flag(self->fetched);
+    long long steps, waited;
+    int complete = flag(self->complete);
     if (nargs != 0 || KEYWORDS || self->step == NULL || present(self->collectives) || complete < 0 ||
-        fetched < 0 || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends) ||
+        flag(self->fetched) < 0 || self->backward_ends == NULL || !PyList_CheckExact(self->backward_ends) ||
         PyList_GET_SIZE(self->backward_ends) >= 2 || self->stepped == NULL || !PySet_CheckExact(self->stepped) ||
         self->expected == NULL || !count(self->optimizer_steps, &steps) || !count(self->wait_ns, &waited) ||
-        !count(self->number, &number) || number == LLONG_MAX || self->end_keys == NULL ||
-        !PyTuple_CheckExact(self->end_keys) || PyTuple_GET_SIZE(self->end_keys) != 4)
+        self->number == NULL || self->ctx == NULL || self->end_keys == NULL || !PyTuple_CheckExact(self->end_keys) ||
+        PyTuple_GET_SIZE(self->end_keys) != 4)
         return python_kw(self, PY_CLOSE, args, nargs, kwnames);
     if (self->step == Py_None) Py_RETURN_NONE;
-    /* the Python method's order: the step and its context are let go first */
-    PyObject *step = self->step;
-    self->step = Py_NewRef(Py_None);
-    Py_XSETREF(self->ctx, Py_NewRef(Py_None));
-    if (complete && self->expected == Py_None) { /* the optimizers this iteration stepped: later steps wait for them */
-        PyObject *frozen = PyFrozenSet_New(self->stepped);
-        if (frozen == NULL) goto error;
-        Py_XSETREF(self->expected, frozen);
-    }
-    PyObject *keys = Py_NewRef(self->end_keys);
+    /* Before any Python code runs: the end's attributes and the optimizers this iteration stepped. */
+    PyObject *frozen = NULL;
+    if (complete && self->expected == Py_None && (frozen = PyFrozenSet_New(self->stepped)) == NULL) return NULL;
     PyObject *ends = PyDict_New();
     PyObject *values[4] = {PyLong_FromSsize_t(PyList_GET_SIZE(self->backward_ends)), PyLong_FromLongLong(steps),
                            Py_NewRef(steps == 0 ? Py_True : Py_False), PyFloat_FromDouble((double)waited / 1e9)};
     int built = ends != NULL;
     for (int index = 0; index < 4; index++)
-        built = built && values[index] != NULL && PyDict_SetItem(ends, PyTuple_GET_ITEM(keys, index), values[index]) == 0;
+        built = built && values[index] != NULL &&
+                PyDict_SetItem(ends, PyTuple_GET_ITEM(self->end_keys, index), values[index]) == 0;
     for (int index = 0; index < 4; index++) Py_XDECREF(values[index]);
-    Py_DECREF(keys);
-    PyObject *ended = built ? PyObject_CallMethodOneArg(step, names[END], ends) : NULL;
-    Py_XDECREF(ends);
-    if (ended == NULL) goto error;
+    if (!built) {
+        Py_XDECREF(ends);
+        Py_XDECREF(frozen);
+        return NULL;
+    }
+    /* The Python method's order: the step and its context are let go first (released at the end, here). */
+    PyObject *step = self->step, *old_ctx = self->ctx, *old_expected = NULL;
+    self->step = Py_NewRef(Py_None), self->ctx = Py_NewRef(Py_None);
+    if (frozen != NULL) old_expected = self->expected, self->expected = frozen;
+    PyObject *ended = PyObject_CallMethodOneArg(step, names[END], ends);
+    Py_DECREF(ends);
+    PyObject *result = NULL;
+    if (ended == NULL) goto done;
     Py_DECREF(ended);
-    Py_CLEAR(step);
-    /* the next step's state (the Python _reset) */
+    /* After the end (Python code): self._number += 1; fetched = self._fetched; self._reset(); ... */
+    PyObject *number = field_again(self->number, "_number");
+    PyObject *next = number == NULL ? NULL : PyNumber_Add(number, names_one);
+    Py_XDECREF(number);
+    if (next == NULL) goto done;
+    Py_XSETREF(self->number, next);
+    PyObject *was_fetched = field_again(self->fetched, "_fetched");
+    int fetched = was_fetched == NULL ? -1 : PyObject_IsTrue(was_fetched);
+    Py_XDECREF(was_fetched);
+    if (fetched < 0) goto done;
     PyObject *fresh_ends = PyList_New(0), *fresh_stepped = PySet_New(NULL);
-    if (fresh_ends == NULL || fresh_stepped == NULL || set_count(&self->number, number + 1) < 0) {
+    if (fresh_ends == NULL || fresh_stepped == NULL) {
         Py_XDECREF(fresh_ends);
         Py_XDECREF(fresh_stepped);
-        return NULL;
+        goto done;
     }
     Py_XSETREF(self->backward_ends, fresh_ends);
     Py_XSETREF(self->stepped, fresh_stepped);
     if (set_count(&self->start_ns, 0) < 0 || set_count(&self->optimizer_steps, 0) < 0 ||
         set_count(&self->wait_ns, 0) < 0)
-        return NULL;
+        goto done;
     set_flag(&self->fetched, 0);
     set_flag(&self->complete, 0);
     set_flag(&self->just_closed, 1);
     if (!fetched) { /* a DataLoader-driven loop's next fetch opens the next step; otherwise its forward does */
         PyObject *armed = python(self, ARM_FORWARD, NULL, 0);
-        if (armed == NULL) return NULL;
+        if (armed == NULL) goto done;
         Py_DECREF(armed);
     }
-    Py_RETURN_NONE;
-error:
-    Py_XDECREF(step);
-    return NULL;
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(step);
+    Py_XDECREF(old_ctx);
+    Py_XDECREF(old_expected);
+    return result;
 }
 
 /* A copy of ``template`` (an object of a class made of __slots__ alone: StepDuration) whose every slot holds what
@@ -637,8 +668,9 @@ error:
  * kind, no ``_attributes`` dict). */
 static PyObject *copy_step(StepCore *self, PyObject *template, PyObject *key, PyObject *number) {
     PyTypeObject *type = Py_TYPE(template);
+    Py_ssize_t offset = self->attributes_offset; /* a local: the dict copy below may run Python code */
     if ((PyObject *)type == self->copied_type) { /* checked before: only the copy (a class's slots never change) */
-        PyObject *attributes = *(PyObject **)((char *)template + self->attributes_offset);
+        PyObject *attributes = *(PyObject **)((char *)template + offset);
         if (attributes == NULL || !PyDict_CheckExact(attributes)) return NULL;
         goto copy;
     }
@@ -647,15 +679,18 @@ static PyObject *copy_step(StepCore *self, PyObject *template, PyObject *key, Py
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) return NULL;
 #endif
     int attributes_seen = 0;
-    Py_ssize_t offset = 0;
     for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base) {
-        if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_dictoffset != 0) return NULL;
+        /* classes made by a class statement only (their dealloc is the tracker's own class's, subtype_dealloc):
+         * a C extension's heap type may keep state outside its members */
+        if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_dictoffset != 0 ||
+            base->tp_dealloc != Py_TYPE(self)->tp_dealloc)
+            return NULL;
         for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
             if (member->type != T_OBJECT_EX || (member->flags & READONLY) ||
                 member->offset < (Py_ssize_t)sizeof(PyObject) || member->offset + (Py_ssize_t)sizeof(PyObject *) >
                 type->tp_basicsize)
                 return NULL;
-            if (strcmp(member->name, "_attributes") == 0) {
+            if (!attributes_seen && strcmp(member->name, "_attributes") == 0) { /* the class's own, not a base's */
                 PyObject *value = *(PyObject **)((char *)template + member->offset);
                 if (value == NULL || !PyDict_CheckExact(value)) return NULL;
                 attributes_seen = 1;
@@ -672,7 +707,7 @@ copy:;
     for (PyTypeObject *base = type; base != NULL && base != &PyBaseObject_Type; base = base->tp_base)
         for (PyMemberDef *member = base->tp_members; member != NULL && member->name != NULL; member++) {
             PyObject *value = *(PyObject **)((char *)template + member->offset);
-            if (value != NULL && member->offset == self->attributes_offset) {
+            if (value != NULL && member->offset == offset) {
                 value = PyDict_Copy(value);
                 if (value == NULL || PyDict_SetItem(value, key, number) < 0) {
                     Py_XDECREF(value);

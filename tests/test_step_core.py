@@ -757,3 +757,75 @@ def test_a_template_of_another_class_is_checked_again_and_copied_whole() -> None
     assert type(copy) is Tagged and copy.tag == "kept" and copy._attributes[sc.STEP] == 2
     assert _slots(copy) == {**_slots(tagged), "_attributes": copy._attributes}
     assert tagged._attributes[sc.STEP] == 0
+
+
+# -- an independent review's findings (2026-12-05): fields changed by Python code the C core calls ------------
+def test_fields_deleted_or_rebound_by_python_code_mid_hook_are_errors_never_a_crash() -> None:
+    """C reads a field again after any Python call (which may delete or rebind it): an error the caller contains,
+    as the Python method's AttributeError is, never a read of a missing field."""
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    tracker = _fetching("c")
+
+    def close_and_forget_the_loop() -> None:
+        tracker._step, tracker._complete = None, False
+        del tracker.loop
+
+    tracker._step, tracker._complete, tracker._owner = Ending(), True, threading.get_ident()
+    tracker._close = close_and_forget_the_loop
+    assert tracker.fetch_begin(object()) is None and tracker.log == [("failed", "fetch_begin")]
+
+    opening = _opening("c")
+    opening.loop.evaluation = "evaluation"
+    opening.loop.end_evaluation = lambda: opening.__delattr__("_step_key")
+    with pytest.raises(AttributeError, match="_step_key"):
+        opening._open(True, "runtime")
+    assert opening._step is None
+
+    closing = _closing("c")
+
+    class Context:
+        def __del__(self) -> None:
+            closing._end_keys = ["a", "b", "c", "d"]  # a finaliser run as the step's context is let go
+
+    closing._ctx = Context()
+    step = closing._step
+    closing._close()
+    assert step.ended == [{"training.step.substeps": 1, "training.step.optimizer_steps": 1,
+                           "training.step.skipped": False, "training.step.data_wait_s": 0.0025}]
+    assert closing._end_keys == ["a", "b", "c", "d"] and closing._number == 8
+
+
+def test_what_the_steps_end_changes_is_read_after_it_on_both() -> None:
+    """The Python method reads the step number and whether a loader fetched after ending the step: so does C."""
+    seen = {}
+    for kind in _both():
+        tracker = _closing(kind)
+        tracker._fetched = False
+
+        class Changing(Ending):
+            def end(self, attributes: dict[str, Any] | None = None) -> None:
+                tracker._fetched, tracker._number = True, 100
+
+        tracker._step = Changing()
+        tracker._close()
+        seen[kind] = (tracker._number, tracker.armed, tracker._fetched)
+        assert seen[kind] == (101, 0, False), kind
+    assert len(set(seen.values())) == 1
+
+
+def test_a_subclass_that_declares_attributes_again_is_copied_through_its_own_slot() -> None:
+    if not NATIVE:
+        pytest.skip(f"no C core here: {_ring.supported('on')}")
+    from otel_training import semconv as sc
+    from otel_training.events.span_kinds import StepDuration
+
+    class Again(StepDuration):
+        __slots__ = ("_attributes",)  # hides Duration's slot of the same name
+
+    tracker = tracker_class(_core())()
+    template = Again(tracker.trainer, sc.SPAN_STEP, None, event_name="#step", attributes={sc.STEP: 0})
+    tracker._step_template = template
+    copies = [tracker._make_step(sc.STEP, number) for number in (1, 2)]
+    assert [copy._attributes[sc.STEP] for copy in copies] == [1, 2]
+    assert copies[0]._attributes is not copies[1]._attributes and template._attributes[sc.STEP] == 0
