@@ -109,22 +109,19 @@ static PyObject *step_core_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     return (PyObject *)self;
 }
 
-#define STEP_CORE_OBJECTS(X) X(step) X(owner) X(claim) X(stepped) X(expected) X(backward_ends) X(nested) X(enabled) \
-    X(optimizer_calls) X(optimizer_steps) X(wait_ns) X(wait_span_min_ns) X(complete) X(fetched) X(awaiting_input)  \
-    X(template) X(number) X(just_closed) X(ctx) X(start_ns) X(collectives) X(end_keys) X(step_key) X(dormant)        \
-    X(suspended) X(loop) X(rt) X(forward_handle) X(grad_enabled) X(lengths) X(copied_type)
-
 static int step_core_traverse(StepCore *self, visitproc visit, void *arg) {
-#define VISIT(member) Py_VISIT(self->member);
-    STEP_CORE_OBJECTS(VISIT)
+#define VISIT(member, python_name, doc) Py_VISIT(self->member);
+    STEP_CORE_FIELDS(VISIT)
 #undef VISIT
+    Py_VISIT(self->copied_type);
     return 0; /* the subclass's own slots and its type: subtype_traverse's */
 }
 
 static int step_core_clear(StepCore *self) {
-#define CLEAR(member) Py_CLEAR(self->member);
-    STEP_CORE_OBJECTS(CLEAR)
+#define CLEAR(member, python_name, doc) Py_CLEAR(self->member);
+    STEP_CORE_FIELDS(CLEAR)
 #undef CLEAR
+    Py_CLEAR(self->copied_type);
     return 0;
 }
 

@@ -92,10 +92,9 @@ class StepTracker(Dormancy, NestedWork):
         #: C core's hooks (``native/steps.c``) read the same ones.
         self._enabled = instrumentation_enabled
         self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
-        #: The counts a step's end sets, by name (``_close``; the C core's reads them from here).
+        #: The counts a step's end sets, by name, the attribute a step's number is, and torch's gradient check:
+        #: fields, so ``_close``, ``_open`` and ``fetch_begin`` read them from one place, in Python and in the C core.
         self._end_keys = (sc.STEP_SUBSTEPS, sc.STEP_OPTIMIZER_STEPS, sc.STEP_SKIPPED, sc.STEP_DATA_WAIT_S)
-        #: The attribute a step's number is, and torch's gradient check: the C core's ``_open`` and
-        #: ``fetch_begin`` read them from here (the Python methods use the module's names).
         self._step_key = sc.STEP
         self._grad_enabled = grad_enabled
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
@@ -145,7 +144,7 @@ class StepTracker(Dormancy, NestedWork):
         self._just_closed = False
         if rt is None:
             rt = self._training()
-        step = self._make_step(sc.STEP, self._number)
+        step = self._make_step(self._step_key, self._number)
         parent = self.loop.parent
         if parent is None:
             step.begin_detached(awaiting_input, rt)
@@ -198,11 +197,12 @@ class StepTracker(Dormancy, NestedWork):
                             {sc.SUBSTEP: index, sc.STEP: self._number}, parent=step.span,
                             events=self.trainer.events_runtime())
                 start = end
+        substeps_key, optimizer_steps_key, skipped_key, data_wait_key = self._end_keys
         step.end({  # the step's counts, set as it ends
-            sc.STEP_SUBSTEPS: substeps,
-            sc.STEP_OPTIMIZER_STEPS: self._optimizer_steps,
-            sc.STEP_SKIPPED: self._optimizer_steps == 0,
-            sc.STEP_DATA_WAIT_S: self._wait_ns / 1e9,
+            substeps_key: substeps,
+            optimizer_steps_key: self._optimizer_steps,
+            skipped_key: self._optimizer_steps == 0,
+            data_wait_key: self._wait_ns / 1e9,
         })
         self._number += 1
         fetched = self._fetched
@@ -261,7 +261,7 @@ class StepTracker(Dormancy, NestedWork):
                     self._close()
                     step = None
                 if step is None and not exhausted:
-                    if grad_enabled():
+                    if self._grad_enabled():
                         loop = self.loop
                         rt = self._rt if self._rt is not None and loop.started else self._training()
                         epoch_of = loop.epoch_iterator
