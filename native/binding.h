@@ -52,6 +52,13 @@ extern PyTypeObject SpanCoreType;
 PyObject *ot_py_span_setup(RingCore *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *ot_py_begin_span(RingCore *self, PyObject *const *args, Py_ssize_t nargs);
 void ot_py_span_release(RingCore *self);
+/* For step_span.c: whether span is exactly of begin_span()'s class; then its context and parent (borrowed, the
+ * parent possibly NULL), and its end with attributes set first when there are any (RecordSpan's set_attributes
+ * and end, in C): 0, or -1 with an exception. */
+int ot_span_native(PyObject *span);
+PyObject *ot_span_context_of(PyObject *span);
+PyObject *ot_span_parent_of(PyObject *span);
+int ot_span_finish(PyObject *span, PyObject *attributes);
 
 /* gate.c */
 extern PyTypeObject GateType; /* gate.c */
@@ -61,6 +68,51 @@ int ot_suppressed(PyObject *variable, PyObject *key, PyObject *plain);
 extern PyTypeObject CurrentSpanType, AttachSpanType, EnabledType; /* context.c */
 extern PyTypeObject PlainAttributesType;            /* attributes.c */
 extern PyTypeObject StepCoreType;                  /* steps.c */
+
+/* slots.c: another class's __slots__ at the cost of a field access. One cache per call site and class role. */
+typedef struct {
+    PyTypeObject *type; /* held */
+    PyObject *name;     /* held: the name it was looked up for (a cache used for another is looked up again) */
+    unsigned int tag;   /* its version tag when looked up (0: none, look up again) */
+    Py_ssize_t offset;  /* the slot's, or 0: not a plain object slot of a class read as object reads */
+} ot_slot;
+/* The lookup behind ot_slot_offset when the cache does not hold this class, version and name. */
+Py_ssize_t ot_slot_lookup(PyObject *object, PyObject *name, ot_slot *cache);
+
+/* A class's version tag, 0 where it has none valid (the interpreter's own attribute caches' key). */
+static inline unsigned int ot_version_tag(PyTypeObject *type) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+    return type->tp_version_tag;
+}
+
+/* name's offset in object (0: none), looked up once per class and version. Runs no Python code. Inline: the
+ * usual case is three compares. */
+static inline Py_ssize_t ot_slot_offset(PyObject *object, PyObject *name, ot_slot *cache) {
+    PyTypeObject *type = Py_TYPE(object);
+    if (type == cache->type && name == cache->name && cache->tag != 0 && ot_version_tag(type) == cache->tag)
+        return cache->offset;
+    return ot_slot_lookup(object, name, cache);
+}
+/* object.name as PyObject_GetAttr answers it (a new reference, or NULL with its exception), from the slot when
+ * there is one. */
+PyObject *ot_slot_get(PyObject *object, PyObject *name, ot_slot *cache);
+/* The same, with an Exception cleared (NULL: unset or unreadable; the caller takes its Python path, which raises
+ * it); anything else (KeyboardInterrupt) stays set. */
+PyObject *ot_slot_read(PyObject *object, PyObject *name, ot_slot *cache);
+PyObject *ot_py_slot_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs); /* the tests' hook */
+/* Set the slot at offset (from ot_slot_offset on this object): 0, or -1 without one. */
+int ot_slot_write(PyObject *object, Py_ssize_t offset, PyObject *value);
 int ot_steps_init(void);                           /* steps.c: its interned names; -1 with an exception */
+
+/* step_span.c: a tracker step's begin (StepDuration.begin_detached under the loop's span) and end (Duration.end,
+ * with the step's counts) in C for the usual case. 1: done; 0: not the usual case, nothing changed (the caller
+ * runs the Python method); -1: an exception, after the change the Python method would have made before it. */
+int ot_step_span_init(void);
+PyObject *ot_py_duration_setup(PyObject *module, PyObject *current);
+PyObject *ot_py_child_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under);
+int ot_step_end(PyObject *step, PyObject *attributes);
 
 #endif

@@ -650,6 +650,12 @@ static PyTypeObject DevicePollerType = {
 static PyMethodDef native_functions[] = {
     {"decode", (PyCFunction)native_decode, METH_O,
      "decode(payload) -> a fast span record as the tuple its marshal form gives; ValueError when it is not one"},
+    {"_slot_read", (PyCFunction)(void (*)(void))ot_py_slot_read, METH_FASTCALL,
+     "_slot_read(object, name) -> (value, from a slot): slots.c's read, for the tests"},
+    {"child_setup", (PyCFunction)(void (*)(void))ot_py_child_setup, METH_FASTCALL,
+     "child_setup(start_child, kind, on_exception): record_tracer.RecordTracer.start_child and its constants"},
+    {"duration_setup", (PyCFunction)ot_py_duration_setup, METH_O,
+     "duration_setup(current): events/duration.py's ContextVar of the current Duration (step_span.c)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -662,7 +668,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&RingCoreType) < 0 || PyType_Ready(&DevicePollerType) < 0 || PyType_Ready(&SpanCoreType) < 0 ||
         PyType_Ready(&GateType) < 0 || PyType_Ready(&EnabledType) < 0 || PyType_Ready(&CurrentSpanType) < 0 || PyType_Ready(&AttachSpanType) < 0 ||
-        PyType_Ready(&PlainAttributesType) < 0 || PyType_Ready(&StepCoreType) < 0 || ot_steps_init() < 0)
+        PyType_Ready(&PlainAttributesType) < 0 || PyType_Ready(&StepCoreType) < 0 || ot_steps_init() < 0 || ot_step_span_init() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&native_module);
     if (module == NULL) return NULL;
@@ -676,7 +682,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(module, "PlainAttributes", (PyObject *)&PlainAttributesType) < 0 ||
         PyModule_AddObjectRef(module, "StepCore", (PyObject *)&StepCoreType) < 0 ||
         PyModule_AddIntConstant(module, "HEADER", OT_RING_HEADER) < 0 ||
-        PyModule_AddIntConstant(module, "ABI", 9) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
+        PyModule_AddIntConstant(module, "ABI", 10) < 0 || PyModule_AddIntConstant(module, "CAPS_OFFSET", OT_F_CAPS) < 0 ||
         PyModule_AddIntConstant(module, "CAP_FAST_RECORDS", OT_CAP_FAST_RECORDS) < 0) {
         Py_DECREF(module);
         return NULL;

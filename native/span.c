@@ -176,6 +176,27 @@ PyTypeObject SpanCoreType = {
     .tp_members = span_members,
 };
 
+/* The class begin_span() makes (the latest span_setup's: one per SpanCore, record_span.native_span_class), held:
+ * step_span.c ends spans of exactly this class in C. */
+static PyObject *made_type;
+
+int ot_span_native(PyObject *span) { return made_type != NULL && (PyObject *)Py_TYPE(span) == made_type; }
+
+PyObject *ot_span_context_of(PyObject *span) { return ((SpanCore *)span)->context; }
+
+PyObject *ot_span_parent_of(PyObject *span) { return ((SpanCore *)span)->parent; }
+
+int ot_span_finish(PyObject *span, PyObject *attributes) {
+    int truth = attributes == NULL ? 0 : PyObject_IsTrue(attributes);
+    if (truth < 0) return -1;
+    PyObject *result = truth ? span_set_attributes((SpanCore *)span, attributes) : Py_NewRef(Py_None);
+    if (result == NULL) return -1;
+    Py_DECREF(result);
+    if ((result = span_end((SpanCore *)span, NULL, 0, NULL)) == NULL) return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
 /* span_setup(span_type, context_type, trace_state, root_flags, child_flags) */
 PyObject *ot_py_span_setup(RingCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &SpanCoreType) ||
@@ -186,6 +207,7 @@ PyObject *ot_py_span_setup(RingCore *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Py_XSETREF(self->span_type, Py_NewRef(args[0]));
+    Py_XSETREF(made_type, Py_NewRef(args[0]));
     Py_XSETREF(self->context_type, Py_NewRef(args[1]));
     Py_XSETREF(self->trace_state, Py_NewRef(args[2]));
     Py_XSETREF(self->root_flags, Py_NewRef(args[3]));

@@ -190,7 +190,7 @@ static long long now_ns(void) { /* time.time_ns() */
     X(STARTED, "started") X(EPOCH_ITERATOR, "epoch_iterator") X(FETCHED, "fetched") X(OPEN, "_open")            \
     X(BEGIN_EVALUATION, "begin_evaluation") X(EVALUATION, "evaluation") X(END_EVALUATION, "end_evaluation")     \
     X(DISARM_FORWARD, "_disarm_forward") X(MAKE_STEP, "_make_step") X(PARENT, "parent")                         \
-    X(BEGIN_DETACHED, "begin_detached")
+    X(BEGIN_DETACHED, "begin_detached") X(LENGTH_OF, "_length_of") X(NUM_YIELDED, "_num_yielded")
 
 enum {
 #define ENUMERATE(symbol, text) symbol,
@@ -200,6 +200,10 @@ enum {
 };
 static PyObject *names[NAME_COUNT];
 static PyObject *names_one; /* the int 1 (_close's step count) */
+/* The loop's (loop_spans.LoopSpans), the lengths' (loader_length.LoaderLengths) and the DataLoader iterator's
+ * fields, read as PyObject_GetAttr reads them, from their slots where their classes have them (slots.c). */
+static ot_slot loop_slots[NAME_COUNT], lengths_slots[NAME_COUNT], iterator_slots[NAME_COUNT];
+#define AT(caches, name) names[name], &(caches)[name]
 
 int ot_steps_init(void) {
     static const char *const texts[NAME_COUNT] = {
@@ -230,10 +234,18 @@ static PyObject *python(StepCore *self, int name, PyObject *const *args, Py_ssiz
  * the Python hooks' ``except Exception`` does; anything else (KeyboardInterrupt, SystemExit) goes on up. */
 static PyObject *failed(StepCore *self, const char *hook) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
-    PyErr_Clear();
+    /* the error is the handled exception while _failed runs, as in the Python hooks' except blocks: its log
+     * carries the traceback */
+    PyObject *type, *value, *traceback, *saved_type, *saved_value, *saved_traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+    PyErr_GetExcInfo(&saved_type, &saved_value, &saved_traceback);
+    PyErr_SetExcInfo(type, value, traceback);
     PyObject *text = PyUnicode_FromString(hook);
     PyObject *result = text == NULL ? NULL : python(self, FAILED, &text, 1);
     Py_XDECREF(text);
+    PyErr_SetExcInfo(saved_type, saved_value, saved_traceback);
     if (result == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
         PyErr_Clear();
@@ -437,6 +449,30 @@ static PyObject *field_again(PyObject *value, const char *name) {
     return Py_NewRef(value);
 }
 
+/* LoaderLengths.exhausted(iterator), its usual case: the iterator it last asked about, a plain count past its
+ * first batch. 1 or 0: exhausted or not; -1: not the usual case (the method's, which asks len() again). */
+static int exhausted_here(PyObject *lengths, PyObject *iterator) {
+    PyObject *pair = ot_slot_read(lengths, AT(lengths_slots, LENGTH_OF)), *yielded = NULL; /* held: its items */
+    int answer = -1;
+    if (pair == NULL || !PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) goto out;
+    PyObject *reference = PyTuple_GET_ITEM(pair, 0), *length = PyTuple_GET_ITEM(pair, 1);
+    if (!PyWeakref_CheckRefExact(reference) || PyWeakref_GET_OBJECT(reference) != iterator ||
+        (length != Py_None && !PyLong_CheckExact(length)))
+        goto out;
+    yielded = ot_slot_read(iterator, AT(iterator_slots, NUM_YIELDED));
+    if (yielded == NULL || !PyLong_CheckExact(yielded) || PyObject_Not(yielded) != 0) goto out;
+    answer = length == Py_None ? 0 : PyObject_RichCompareBool(yielded, length, Py_GE); /* exact ints */
+out:
+    Py_XDECREF(pair);
+    Py_XDECREF(yielded);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -2; /* KeyboardInterrupt and the like go on up */
+        PyErr_Clear();
+        answer = -1;
+    }
+    return answer;
+}
+
 /* fetch_begin(iterator): before a DataLoader hands out a batch (its stand-in checked suppression); returns the
  * wall-clock start (ns) of the wait, or None. The usual case here: nothing dormant or suspended, a loop object, a
  * plain state. Its parts that are other objects' (the loader's length, the loop's epochs, the step's begin) are
@@ -449,9 +485,14 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
         self->number == NULL || self->rt == NULL)
         return python_kw(self, PY_FETCH_BEGIN, args, nargs, kwnames);
     PyObject *iterator = args[0], *loop = NULL;
-    PyObject *answer = call_on(self->lengths, EXHAUSTED, iterator);
-    int exhausted = answer == NULL ? -1 : PyObject_IsTrue(answer);
-    Py_XDECREF(answer);
+    PyObject *lengths = Py_NewRef(self->lengths);
+    int exhausted = exhausted_here(lengths, iterator);
+    if (exhausted == -1) {
+        PyObject *answer = call_on(lengths, EXHAUSTED, iterator);
+        exhausted = answer == NULL ? -1 : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+    }
+    Py_DECREF(lengths);
     if (exhausted < 0) return failed(self, "fetch_begin");
     int here;
     if (self->owner == NULL) { /* deleted by the call above: as Python's read of it would */
@@ -486,7 +527,7 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
                 /* rt = self._rt if self._rt is not None and loop.started else self._training() */
                 PyObject *rt = NULL;
                 if (present(self->rt)) {
-                    PyObject *started = PyObject_GetAttr(loop, names[STARTED]);
+                    PyObject *started = ot_slot_get(loop, AT(loop_slots, STARTED));
                     int yes = started == NULL ? -1 : PyObject_IsTrue(started);
                     Py_XDECREF(started);
                     if (yes < 0) goto loop_error;
@@ -495,7 +536,7 @@ static PyObject *step_core_fetch_begin(HOOK_ARGS) {
                 }
                 if (rt == NULL && (rt = python(self, TRAINING, NULL, 0)) == NULL) goto loop_error;
                 /* a new iterator is a new epoch (fetched()'s own check, here) */
-                PyObject *epoch_of = PyObject_GetAttr(loop, names[EPOCH_ITERATOR]);
+                PyObject *epoch_of = ot_slot_get(loop, AT(loop_slots, EPOCH_ITERATOR));
                 int same = 0;
                 if (epoch_of != NULL && epoch_of != Py_None) {
                     PyObject *current = PyObject_CallNoArgs(epoch_of);
@@ -539,7 +580,7 @@ static PyObject *step_core_open(HOOK_ARGS) {
         self->number == NULL || !PyLong_CheckExact(self->number))
         return python_kw(self, PY_OPEN, args, nargs, kwnames);
     PyObject *loop = Py_NewRef(self->loop), *step = NULL;
-    PyObject *evaluation = PyObject_GetAttr(loop, names[EVALUATION]);
+    PyObject *evaluation = ot_slot_get(loop, AT(loop_slots, EVALUATION));
     if (evaluation == NULL) goto error;
     if (evaluation != Py_None) {
         Py_DECREF(evaluation);
@@ -561,14 +602,28 @@ static PyObject *step_core_open(HOOK_ARGS) {
     step = made_args[0] == NULL || made_args[1] == NULL ? NULL : python(self, MAKE_STEP, made_args, 2);
     Py_XDECREF(made_args[0]), Py_XDECREF(made_args[1]);
     if (step == NULL) goto error;
-    PyObject *parent = PyObject_GetAttr(loop, names[PARENT]);
+    PyObject *parent = ot_slot_get(loop, AT(loop_slots, PARENT));
     if (parent == NULL) goto error;
-    /* in the loop's context, where its epoch (or train) span is current: begun under it directly */
-    PyObject *call[5] = {step, args[0], args[1], Py_True, parent};
-    PyObject *begun = PyObject_VectorcallMethod(names[BEGIN_DETACHED], call, parent == Py_None ? 3 : 5, NULL);
+    /* in the loop's context, where its epoch (or train) span is current: begun under it directly, in C for the
+     * usual case (step_span.c; an error there is Duration._begin's, contained: the step stays open unbegun) */
+    int here = ot_step_begin(step, args[1], parent); /* awaiting_input: a device timeline's, none there */
+    if (here < 0) {
+        PyObject *contained = failed(self, "Duration.begin");
+        if (contained == NULL) {
+            Py_DECREF(parent);
+            goto error;
+        }
+        Py_DECREF(contained);
+    } else if (here == 0) {
+        PyObject *call[5] = {step, args[0], args[1], Py_True, parent};
+        PyObject *begun = PyObject_VectorcallMethod(names[BEGIN_DETACHED], call, parent == Py_None ? 3 : 5, NULL);
+        if (begun == NULL) {
+            Py_DECREF(parent);
+            goto error;
+        }
+        Py_DECREF(begun);
+    }
     Py_DECREF(parent);
-    if (begun == NULL) goto error;
-    Py_DECREF(begun);
     if (set_count(&self->start_ns, now_ns()) < 0) goto error;
     Py_XSETREF(self->step, step); /* the step's reference is the field's now */
     Py_XSETREF(self->ctx, Py_NewRef(Py_None)); /* its context: made when work nests in it (_begin_in_step) */
@@ -617,7 +672,10 @@ static PyObject *step_core_close(HOOK_ARGS) {
     PyObject *step = self->step, *old_ctx = self->ctx, *old_expected = NULL;
     self->step = Py_NewRef(Py_None), self->ctx = Py_NewRef(Py_None);
     if (frozen != NULL) old_expected = self->expected, self->expected = frozen;
-    PyObject *ended = PyObject_CallMethodOneArg(step, names[END], ends);
+    /* the step's end in C for the usual case (step_span.c; an error there is Duration.end's, contained) */
+    int here = ot_step_end(step, ends);
+    PyObject *ended = here < 0 ? failed(self, "Duration.end") : here == 0 ? PyObject_CallMethodOneArg(step, names[END], ends)
+                                                                         : Py_NewRef(Py_None);
     Py_DECREF(ends);
     PyObject *result = NULL;
     if (ended == NULL) goto done;

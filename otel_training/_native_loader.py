@@ -17,7 +17,7 @@ logger = logging.getLogger("otel_training")
 
 MODES = ("auto", "on", "off")
 #: The binding's interface version this Python side speaks (``_native.ABI``).
-ABI = 9
+ABI = 10
 
 _loaded: ModuleType | None = None
 _problem: str | None = None

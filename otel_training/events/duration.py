@@ -60,6 +60,17 @@ _PLAIN = _plain_attributes()
 _CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
 
 
+def _register_current() -> None:
+    """The C core ends a tracker's step (``native/step_span.c``) only when it can tell the step is not the current
+    Duration here: that one is ``end()``'s to end, which restores the context."""
+    extension = _native_loader.at_import(native=True)
+    if extension is not None:
+        extension.duration_setup(_CURRENT)
+
+
+_register_current()
+
+
 def current_duration() -> Duration | None:
     """The innermost begun Duration of this context, if any."""
     return _CURRENT.get()
@@ -278,9 +289,10 @@ class Duration:
             if span is None or self._ended:
                 return
             self._ended = True
-            if _CURRENT.get() is self:
+            if self._current_token is not None and _CURRENT.get() is self:
                 # Restore the context only where it was entered, in order; a Duration
-                # ended elsewhere (another thread, out of order) just ends its span.
+                # ended elsewhere (another thread, out of order) just ends its span, as does
+                # one begun detached and ended in its own context() (which it never entered).
                 _CURRENT.reset(self._current_token)  # type: ignore[arg-type]
                 _SWITCH.detach(self._token)
             if self._segment is not None:

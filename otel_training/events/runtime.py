@@ -73,6 +73,11 @@ class EventsRuntime:
     thread's death on the pipeline's own process span.
     """
 
+    #: Slots: the C core reads the device, the budget and the tracer's start_child at every tracker step's
+    #: begin (native/step_span.c), at a field's cost.
+    __slots__ = ("telemetry", "tracer", "start_child", "max_spans", "max_age_s", "_traces", "_process_spans", "_lock",
+                 "device", "device_probe_at", "host_work", "training", "values", "closed", "__weakref__")
+
     def __init__(self, telemetry: Telemetry, tracer: Tracer | None = None) -> None:
         self.telemetry = telemetry
         self.tracer = tracer if tracer is not None else telemetry.tracer

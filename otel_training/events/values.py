@@ -118,6 +118,10 @@ class _Item:
 class PendingValues:
     """The device values being read in one pipeline's process (see the module docstring)."""
 
+    #: Slots: the C core reads ``items`` and ``converting`` at a step's begin and end (native/step_span.c).
+    __slots__ = ("_deliver", "hold_s", "items", "_lock", "_reader", "described", "unresolved", "converting", "_queue",
+                 "_converter", "_unconverted", "__weakref__")
+
     def __init__(self, deliver: Callable[[int, int, dict[str, Any]], None], hold_s: float) -> None:
         self._deliver = deliver
         self.hold_s = hold_s

@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
 from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, TraceFlags
 
+from otel_training import _native_loader
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
 from otel_training._ids import getrandbits
@@ -67,6 +68,9 @@ def processor_refused(name: str) -> str:
 
 class RecordTracer(trace_api.Tracer):
     """Starts ``RecordSpan``s in one instrumentation scope."""
+
+    #: Slots: the C core reads them when it begins a tracker's step (``child_setup`` below).
+    __slots__ = ("_provider", "_scope")
 
     def __init__(self, provider: RecordTracerProvider, scope: int) -> None:
         self._provider = provider
@@ -167,6 +171,9 @@ _providers: weakref.WeakSet[RecordTracerProvider] = weakref.WeakSet()
 class RecordTracerProvider(trace_api.TracerProvider):
     """The training process's tracer provider when spans are offloaded (``offload=True``)."""
 
+    #: Slots for the two fields the C core reads when it begins a tracker's step (the rest: the instance dict).
+    __slots__ = ("begin_span", "lineage")
+
     def __init__(self, emit: Emit, resource: Resource, sampler: Sampler = DEFAULT_ON, *,
                  write_control: Callable[[bytes, float], bool] | None = None,
                  flush: Callable[[float], bool] = lambda timeout_s: True,
@@ -249,3 +256,14 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _register_child() -> None:
+    """The C core begins a torch tracker's step (``native/step_span.c``) with ``start_child``'s usual case in C:
+    it needs to know the method and what the method passes to ``begin_span``."""
+    extension = _native_loader.at_import(native=True)
+    if extension is not None:
+        extension.child_setup(RecordTracer.start_child, _INTERNAL, _ON_EXCEPTION)
+
+
+_register_child()

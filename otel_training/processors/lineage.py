@@ -15,6 +15,9 @@ from opentelemetry.util.types import AttributeValue
 
 
 class LineageSpanProcessor(SpanProcessor):
+    #: Slots: the offloaded tracer's C core reads ``stamp`` on every tracker step.
+    __slots__ = ("_attributes", "stamp")
+
     def __init__(self, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._attributes: dict[str, AttributeValue] = dict(attributes or {})
         #: The lineage now, without a copy, for a tracer that stamps spans itself (the offloaded pipeline's

@@ -16,6 +16,9 @@ class LoaderLengths:
     """The DataLoader iterator last fetched from (weakly: it owns worker processes) and its length, one tuple:
     read once per fetch, so a thread fetching from another loader never mixes the two."""
 
+    #: A slot: the C core's fetch reads it (native/steps.c), and asks ``exhausted`` only when it cannot answer.
+    __slots__ = ("_length_of",)
+
     def __init__(self) -> None:
         self._length_of: tuple[Callable[[], Any], int | None] = (_dead, None)
 

@@ -43,6 +43,11 @@ SOURCE = "torch"
 class LoopSpans:
     """``training.train`` and the epochs of one step tracker (``steps.StepTracker``)."""
 
+    #: Slots: the C core's fetch and opening read ``started``, ``epoch_iterator``, ``evaluation`` and ``parent`` on
+    #: every step (native/steps.c), at a field's cost.
+    __slots__ = ("_trainer", "_train", "_epoch", "epoch_iterator", "_epochs", "context", "parent", "_train_context",
+                 "declined", "started", "evaluation")
+
     def __init__(self, trainer: TrainerProcess) -> None:
         self._trainer = trainer
         self._train: Duration | None = None

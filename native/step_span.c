@@ -1,0 +1,303 @@
+/* The torch tracker's step span begun and ended in C: the usual case of StepDuration.begin_detached (with
+ * Duration._begin and EventsRuntime.admit inline) and of Duration.end, for the steps StepCore's _open and _close
+ * make (steps.c).
+ *
+ * Why: once the tracker's hooks, the step's making and its close were C, a step's remaining Python was these four
+ * methods, about 230 bytecodes in four frames around the C span's begin and end (docs/offload.md). What they read
+ * is the step's, the loop span's, the runtime's and the pending values' own fields; read through PyObject_GetAttr
+ * from C they would cost what the bytecode does, so every class involved keeps them in __slots__ and slots.c
+ * reads them at a field's cost.
+ *
+ * Only the usual case is here: no device timeline (none in use, or turned off, and no probe due), a parent span
+ * of the C core's class with no trace segment, its trace within budget and already counted, the offloaded
+ * tracer, no device values waiting, a step never begun or never made current. Anything else returns 0 before any
+ * change, and the caller runs the Python method, which is also the pure-Python fallback: one behaviour, written
+ * once in Python; C is its shortcut. Python code runs in one place only, the tracer's start_child, after every
+ * check and the budget's count, as in Python.
+ */
+#include "binding.h"
+
+#include <time.h>
+
+#define STEP_SPAN_NAMES(X)                                                                                    \
+    X(SPAN, "_span") X(LATE, "_late") X(RUNTIME, "_runtime") X(ATTRIBUTES, "_attributes") X(NAME, "name")     \
+    X(SEGMENT, "_segment") X(DEVICE_STEP, "device_step") X(ENDED, "_ended") X(DEVICE, "device")               \
+    X(PROBE_AT, "device_probe_at") X(TRACES, "_traces") X(MAX_SPANS, "max_spans") X(MAX_AGE, "max_age_s")    \
+    X(START_CHILD, "start_child") X(VALUES, "values") X(ITEMS, "items") X(CONVERTING, "converting")          \
+    X(FORGET, "forget") X(PROVIDER, "_provider") X(SCOPE, "_scope") X(BEGIN_SPAN, "begin_span")                  \
+    X(LINEAGE, "lineage") X(STAMP, "stamp")
+
+enum {
+#define ENUMERATE(symbol, text) symbol,
+    STEP_SPAN_NAMES(ENUMERATE)
+#undef ENUMERATE
+    NAME_COUNT
+};
+static PyObject *names[NAME_COUNT];
+static PyObject *one; /* the int 1 (a trace's count) */
+
+/* A name and its cache in one of the arrays below: a cache serves one name (slots.c looks a name it was not
+ * filled for up again). */
+#define AT(caches, name) names[name], &(caches)[name]
+
+/* One cache per name and role: the step (a StepDuration), the loop's span it begins under (a Duration), the
+ * runtime (EventsRuntime) and its pending values (PendingValues). */
+static ot_slot step_slots[NAME_COUNT], under_slots[NAME_COUNT], runtime_slots[NAME_COUNT], values_slots[NAME_COUNT];
+/* ...and the offloaded tracer (RecordTracer), its provider and the provider's lineage. */
+static ot_slot tracer_slots[NAME_COUNT], provider_slots[NAME_COUNT], lineage_slots[NAME_COUNT];
+
+/* record_tracer.RecordTracer.start_child (the function), SpanKind.INTERNAL and the usual on_exception, held
+ * (child_setup()); NULL until then: the tracer's start_child is called. */
+static PyObject *child_function, *internal_kind, *on_exception, *zero;
+
+/* duration.py's context variable of the current Duration (duration_setup()), held; NULL: ends go to Python. */
+static PyObject *current_duration;
+
+int ot_step_span_init(void) {
+    static const char *const texts[NAME_COUNT] = {
+#define TEXT(symbol, text) text,
+        STEP_SPAN_NAMES(TEXT)
+#undef TEXT
+    };
+    for (int index = 0; index < NAME_COUNT; index++)
+        if (names[index] == NULL && (names[index] = PyUnicode_InternFromString(texts[index])) == NULL) return -1;
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) return -1;
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return -1;
+    return 0;
+}
+
+/* duration_setup(current): duration.py's ContextVar of the current Duration (a step ended while current is
+ * Python's to end: it restores the context). */
+PyObject *ot_py_duration_setup(PyObject *module, PyObject *current) {
+    (void)module;
+    if (!PyContextVar_CheckExact(current)) {
+        PyErr_SetString(PyExc_TypeError, "duration_setup(current): a contextvars.ContextVar");
+        return NULL;
+    }
+    Py_XSETREF(current_duration, Py_NewRef(current));
+    Py_RETURN_NONE;
+}
+
+/* child_setup(start_child, kind, on_exception): record_tracer.py's RecordTracer.start_child, the SpanKind its
+ * spans are begun with and their on_exception, as that method passes them to the C core's begin_span. */
+PyObject *ot_py_child_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyFunction_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "child_setup(start_child, kind, on_exception): a function first");
+        return NULL;
+    }
+    Py_XSETREF(child_function, Py_NewRef(args[0]));
+    Py_XSETREF(internal_kind, Py_NewRef(args[1]));
+    Py_XSETREF(on_exception, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* time.monotonic() (CLOCK_MONOTONIC on Linux, where this runs; elsewhere the Python path), in seconds. */
+static int monotonic(double *now) {
+#ifdef __linux__
+    struct timespec spec;
+    if (clock_gettime(CLOCK_MONOTONIC, &spec) != 0) return -1;
+    *now = (double)spec.tv_sec + (double)spec.tv_nsec * 1e-9;
+    return 0;
+#else
+    (void)now;
+    return -1;
+#endif
+}
+
+/* A number as a double: exact floats and ints only (no Python code). */
+static int number_of(PyObject *value, double *out) {
+    if (value == NULL) return -1;
+    if (PyFloat_CheckExact(value)) {
+        *out = PyFloat_AS_DOUBLE(value);
+        return 0;
+    }
+    if (PyLong_CheckExact(value)) {
+        *out = PyLong_AsDouble(value);
+        if (*out == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+/* An emptiness C can tell without Python code: 1 empty, 0 not, -1 not a tuple, list or dict. */
+static int empty(PyObject *value) {
+    if (value == NULL) return -1;
+    if (PyTuple_CheckExact(value)) return PyTuple_GET_SIZE(value) == 0;
+    if (PyList_CheckExact(value)) return PyList_GET_SIZE(value) == 0;
+    if (PyDict_CheckExact(value)) return PyDict_GET_SIZE(value) == 0;
+    return -1;
+}
+
+/* Whether a runtime's pending values wait for nothing a step's begin (items) or end (and converting) must see:
+ * 1 nothing (or no values), 0 something, or not a plain container (the Python path). */
+static int values_idle(PyObject *rt, int at_end) {
+    PyObject *values = ot_slot_read(rt, AT(runtime_slots, VALUES));
+    if (values == NULL) return 0;
+    int idle = values == Py_None;
+    if (!idle) {
+        PyObject *items = ot_slot_read(values, AT(values_slots, ITEMS));
+        idle = empty(items) == 1;
+        Py_XDECREF(items);
+        if (idle && at_end) {
+            PyObject *converting = ot_slot_read(values, AT(values_slots, CONVERTING));
+            idle = empty(converting) == 1;
+            Py_XDECREF(converting);
+        }
+    }
+    Py_DECREF(values);
+    return idle;
+}
+
+/* RecordTracer.start_child(name, current, attributes) for a C span parent, in C: 1 with the span in *made, 0 when
+ * it is not that method or not its usual case (no lineage stamp; the begin record written: begin_span did not
+ * decline), nothing written; -1 with an exception. */
+static int child_here(PyObject *starter, PyObject *name, PyObject *current, PyObject *attributes, PyObject **made) {
+    if (child_function == NULL || !PyMethod_Check(starter) || PyMethod_GET_FUNCTION(starter) != child_function ||
+        !PyDict_CheckExact(attributes))
+        return 0;
+    PyObject *tracer = PyMethod_GET_SELF(starter);
+    PyObject *provider = ot_slot_read(tracer, AT(tracer_slots, PROVIDER));
+    PyObject *scope = provider == NULL ? NULL : ot_slot_read(tracer, AT(tracer_slots, SCOPE));
+    PyObject *begin = scope == NULL ? NULL : ot_slot_read(provider, AT(provider_slots, BEGIN_SPAN));
+    PyObject *lineage = begin == NULL ? NULL : ot_slot_read(provider, AT(provider_slots, LINEAGE));
+    PyObject *stamp = lineage == NULL || lineage == Py_None ? NULL : ot_slot_read(lineage, AT(lineage_slots, STAMP));
+    int result = 0;
+    if (lineage == NULL || (lineage != Py_None && empty(stamp) != 1) || !PyCFunction_Check(begin) ||
+        PyCFunction_GET_FUNCTION(begin) != (PyCFunction)(void (*)(void))ot_py_begin_span ||
+        PyErr_Occurred())
+        goto out;
+    PyObject *call[9] = {provider, name, internal_kind, zero, PyDict_GET_SIZE(attributes) ? attributes : Py_None,
+                         scope, ot_span_context_of(current), Py_None, on_exception};
+    PyObject *span = ot_py_begin_span((RingCore *)PyCFunction_GET_SELF(begin), call, 9);
+    if (span == NULL) {
+        result = -1;
+    } else if (span == Py_None) {
+        Py_DECREF(span); /* declined, nothing written: the tracer's own method takes its other paths */
+    } else {
+        *made = span;
+        result = 1;
+    }
+out:
+    Py_XDECREF(provider), Py_XDECREF(scope), Py_XDECREF(begin), Py_XDECREF(lineage), Py_XDECREF(stamp);
+    if (result == 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    if (result == 0 && PyErr_Occurred()) result = -1;
+    return result;
+}
+
+#define READS 16 /* at most this many reads a call (begin: 12, end: 6) */
+
+int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under) {
+    if (under == NULL || under == Py_None || rt == NULL || rt == Py_None) return 0;
+    PyObject *held[READS] = {NULL};
+    int result = 0, taken = 0;
+    double now, probe_at, started, max_age;
+#define READ(into, object, name, caches) (held[taken++] = (into) = ot_slot_read((object), AT(caches, name)))
+    PyObject *span, *late, *device, *probe, *current, *segment, *traces, *max_spans, *age, *starter, *attributes,
+        *name;
+    Py_ssize_t span_at = ot_slot_offset(step, AT(step_slots, SPAN));
+    Py_ssize_t runtime_at = ot_slot_offset(step, AT(step_slots, RUNTIME));
+    if (span_at == 0 || runtime_at == 0 || monotonic(&now) < 0) goto out;
+    /* Every read first (a class without slots is read through PyObject_GetAttr, which may run Python code)... */
+    if (READ(span, step, SPAN, step_slots) != Py_None || READ(late, step, LATE, step_slots) != Py_None ||
+        READ(attributes, step, ATTRIBUTES, step_slots) == NULL || READ(name, step, NAME, step_slots) == NULL)
+        goto out;
+    /* begin_detached's device check: none in use and no probe due, or turned off (False) */
+    if (READ(device, rt, DEVICE, runtime_slots) == Py_None) {
+        if (number_of(READ(probe, rt, PROBE_AT, runtime_slots), &probe_at) < 0 || now >= probe_at) goto out;
+    } else if (device != Py_False) {
+        goto out;
+    }
+    if (READ(traces, rt, TRACES, runtime_slots) == NULL || !PyDict_CheckExact(traces) ||
+        READ(max_spans, rt, MAX_SPANS, runtime_slots) == NULL || !PyLong_CheckExact(max_spans) ||
+        number_of(READ(age, rt, MAX_AGE, runtime_slots), &max_age) < 0 ||
+        READ(starter, rt, START_CHILD, runtime_slots) == NULL || starter == Py_None || values_idle(rt, 0) != 1)
+        goto out;
+    /* _begin under the loop's span: its span, no trace segment (a rolled trace is Python's) */
+    if ((READ(current, under, SPAN, under_slots)) == NULL || !ot_span_native(current) ||
+        READ(segment, under, SEGMENT, under_slots) != Py_None)
+        goto out;
+    /* ...then what no Python code may change in between: the parent's trace and its budget (admit()). The trace
+     * is counted before (its first span is Python's) and within budget. */
+    PyObject *context = ot_span_context_of(current);
+    if (context == NULL || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) < 1 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(context, 0)))
+        goto out;
+    PyObject *entry = PyDict_GetItemWithError(traces, PyTuple_GET_ITEM(context, 0)); /* an int key: no Python */
+    if (entry == NULL || !PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 2 ||
+        number_of(PyList_GET_ITEM(entry, 1), &started) < 0 || !PyLong_CheckExact(PyList_GET_ITEM(entry, 0)))
+        goto out;
+    PyObject *spans = PyList_GET_ITEM(entry, 0);
+    int over = PyObject_RichCompareBool(spans, max_spans, Py_GE); /* exact ints: no Python code */
+    if (over != 0 || now - started >= max_age) goto out;
+    /* The begin: the runtime, the count, the span (the tracer's start_child, Python), as _begin does them. */
+    PyObject *counted = PyNumber_Add(spans, one);
+    if (counted == NULL) goto error;
+    PyList_SET_ITEM(entry, 0, counted);
+    Py_DECREF(spans); /* the list's old item: an int, no finaliser */
+    ot_slot_write(step, runtime_at, rt);
+    PyObject *made = NULL;
+    int child = child_here(starter, name, current, attributes, &made);
+    if (child < 0) goto error;
+    if (child == 0) {
+        PyObject *call[3] = {name, current, attributes};
+        if ((made = PyObject_Vectorcall(starter, call, 3, NULL)) == NULL) goto error;
+    }
+    /* the step's class is the one checked (its layout cannot change): the slot is where it was */
+    ot_slot_write(step, span_at, made);
+    Py_DECREF(made);
+    result = 1;
+    goto out;
+error:
+    result = -1;
+out:
+    for (int index = 0; index < taken; index++) Py_XDECREF(held[index]);
+#undef READ
+    if (result == 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    if (result == 0 && PyErr_Occurred()) result = -1; /* KeyboardInterrupt and the like go on up */
+    return result;
+}
+
+int ot_step_end(PyObject *step, PyObject *attributes) {
+    if (current_duration == NULL) return 0;
+    PyObject *held[READS] = {NULL};
+    int result = 0, taken = 0;
+#define READ(into, object, name, caches) (held[taken++] = (into) = ot_slot_read((object), AT(caches, name)))
+    PyObject *pending, *span, *ended, *segment, *rt, *current = NULL;
+    Py_ssize_t ended_at = ot_slot_offset(step, AT(step_slots, ENDED));
+    if (ended_at == 0 || READ(pending, step, DEVICE_STEP, step_slots) != Py_None ||
+        READ(span, step, SPAN, step_slots) == NULL || !ot_span_native(span) ||
+        READ(ended, step, ENDED, step_slots) != Py_False || READ(segment, step, SEGMENT, step_slots) != Py_None ||
+        READ(rt, step, RUNTIME, step_slots) == NULL)
+        goto out;
+    /* a step made current (begun with begin(), or ended inside its own context) is Python's: it restores it */
+    if (PyContextVar_Get(current_duration, Py_None, &current) < 0) goto out;
+    held[taken++] = current;
+    if (current == step || (rt != Py_None && values_idle(rt, 1) != 1)) goto out;
+    /* The end: ended, the step's counts set and the span ended (the C span's own calls), as Duration.end does. */
+    ot_slot_write(step, ended_at, Py_True);
+    if (ot_span_finish(span, attributes) < 0) goto error;
+    PyObject *parent = ot_span_parent_of(span);
+    if ((parent == NULL || parent == Py_None) && rt != Py_None) { /* a root: its trace's budget is let go */
+        PyObject *context = ot_span_context_of(span);
+        if (context == NULL || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) < 1) goto error_type;
+        PyObject *forgotten = PyObject_CallMethodOneArg(rt, names[FORGET], PyTuple_GET_ITEM(context, 0));
+        if (forgotten == NULL) goto error;
+        Py_DECREF(forgotten);
+    }
+    result = 1;
+    goto out;
+error_type:
+    PyErr_SetString(PyExc_TypeError, "a span without a SpanContext");
+error:
+    result = -1;
+out:
+    for (int index = 0; index < taken; index++) Py_XDECREF(held[index]);
+#undef READ
+    if (result == 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    if (result == 0 && PyErr_Occurred()) result = -1;
+    return result;
+}
