@@ -219,6 +219,15 @@ int ot_steps_init(void) {
 
 /* The tracker's Python method ``name`` (the whole hook, or a transition), its result passed on. */
 static PyObject *python_kw(StepCore *self, int name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    /* Called as a method (PyObject_VectorcallMethod): looked up as getattr would, without a bound method made and
+     * let go on every call (three a step: the opening, the step's making, the close). */
+    PyObject *stack[8];
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + keywords < 8) {
+        stack[0] = (PyObject *)self;
+        for (Py_ssize_t index = 0; index < nargs + keywords; index++) stack[index + 1] = args[index];
+        return PyObject_VectorcallMethod(names[name], stack, (size_t)(nargs + 1), kwnames);
+    }
     PyObject *method = PyObject_GetAttr((PyObject *)self, names[name]);
     if (method == NULL) return NULL;
     PyObject *result = PyObject_Vectorcall(method, args, (size_t)nargs, kwnames);
