@@ -52,8 +52,8 @@ extern PyTypeObject SpanCoreType;
 PyObject *ot_py_span_setup(RingCore *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *ot_py_begin_span(RingCore *self, PyObject *const *args, Py_ssize_t nargs);
 void ot_py_span_release(RingCore *self);
-/* For step_span.c: whether span is exactly of begin_span()'s class; then its context and parent (borrowed, the
- * parent possibly NULL), and its end with attributes set first when there are any (RecordSpan's set_attributes
+/* For step_span.c: whether span is exactly of begin_span()'s class, whose end and set_attributes are still the C
+ * core's; then its context and parent (borrowed, the parent possibly NULL), and its end with attributes set first when there are any (RecordSpan's set_attributes
  * and end, in C): 0, or -1 with an exception. */
 int ot_span_native(PyObject *span);
 PyObject *ot_span_context_of(PyObject *span);
@@ -81,10 +81,13 @@ Py_ssize_t ot_slot_lookup(PyObject *object, PyObject *name, ot_slot *cache);
 
 /* A class's version tag, 0 where it has none valid (the interpreter's own attribute caches' key). */
 static inline unsigned int ot_version_tag(PyTypeObject *type) {
-#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+#if PY_VERSION_HEX >= 0x030C0000
+    return type->tp_version_tag; /* a changed class's tag is 0 until a new one, never reused; 3.13 no longer sets
+                                    the flag below */
+#else
     if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-#endif
     return type->tp_version_tag;
+#endif
 }
 
 /* name's offset in object (0: none), looked up once per class and version. Runs no Python code. Inline: the
@@ -110,7 +113,8 @@ int ot_steps_init(void);                           /* steps.c: its interned name
  * with the step's counts) in C for the usual case. 1: done; 0: not the usual case, nothing changed (the caller
  * runs the Python method); -1: an exception, after the change the Python method would have made before it. */
 int ot_step_span_init(void);
-PyObject *ot_py_duration_setup(PyObject *module, PyObject *current);
+PyObject *ot_py_step_span_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *ot_py_step_span_counts(PyObject *module, PyObject *unused);
 PyObject *ot_py_child_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under);
 int ot_step_end(PyObject *step, PyObject *attributes);

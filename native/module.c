@@ -654,8 +654,12 @@ static PyMethodDef native_functions[] = {
      "_slot_read(object, name) -> (value, from a slot): slots.c's read, for the tests"},
     {"child_setup", (PyCFunction)(void (*)(void))ot_py_child_setup, METH_FASTCALL,
      "child_setup(start_child, kind, on_exception): record_tracer.RecordTracer.start_child and its constants"},
-    {"duration_setup", (PyCFunction)ot_py_duration_setup, METH_O,
-     "duration_setup(current): events/duration.py's ContextVar of the current Duration (step_span.c)"},
+    {"step_span_setup", (PyCFunction)(void (*)(void))ot_py_step_span_setup, METH_FASTCALL,
+     "step_span_setup(current, begin_detached, begin, end, admit, begin_failed, end_failed): step_span.c's "
+     "Python twins and what it needs of them (events/span_kinds.py)"},
+    {"_step_span_counts", (PyCFunction)ot_py_step_span_counts, METH_NOARGS,
+     "_step_span_counts() -> (begun, ended, contained): the steps step_span.c began and ended itself, the errors "
+     "it contained (the tests' view)"},
     {NULL, NULL, 0, NULL},
 };
 

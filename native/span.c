@@ -180,7 +180,27 @@ PyTypeObject SpanCoreType = {
  * step_span.c ends spans of exactly this class in C. */
 static PyObject *made_type;
 
-int ot_span_native(PyObject *span) { return made_type != NULL && (PyObject *)Py_TYPE(span) == made_type; }
+int ot_span_native(PyObject *span) {
+    /* the class's end and set_attributes still the C core's (a wrapper put on one is honoured: the Python path),
+     * checked once per version of the class */
+    static PyTypeObject *checked;
+    static unsigned int tag;
+    static int verdict;
+    PyTypeObject *type = Py_TYPE(span);
+    if (made_type == NULL || (PyObject *)type != made_type) return 0;
+    if (type == checked && tag != 0 && ot_version_tag(type) == tag) return verdict;
+    static PyObject *end_name, *set_name;
+    if (end_name == NULL && (end_name = PyUnicode_InternFromString("end")) == NULL) return PyErr_Clear(), 0;
+    if (set_name == NULL && (set_name = PyUnicode_InternFromString("set_attributes")) == NULL) return PyErr_Clear(), 0;
+    PyObject *own_end = PyDict_GetItemWithError(SpanCoreType.tp_dict, end_name);
+    PyObject *own_set = own_end == NULL ? NULL : PyDict_GetItemWithError(SpanCoreType.tp_dict, set_name);
+    PyErr_Clear();
+    verdict = own_set != NULL && _PyType_Lookup(type, end_name) == own_end && _PyType_Lookup(type, set_name) == own_set;
+    Py_INCREF(type);
+    Py_XSETREF(checked, type);
+    tag = ot_version_tag(type);
+    return verdict;
+}
 
 PyObject *ot_span_context_of(PyObject *span) { return ((SpanCore *)span)->context; }
 

@@ -25,7 +25,8 @@
     X(PROBE_AT, "device_probe_at") X(TRACES, "_traces") X(MAX_SPANS, "max_spans") X(MAX_AGE, "max_age_s")    \
     X(START_CHILD, "start_child") X(VALUES, "values") X(ITEMS, "items") X(CONVERTING, "converting")          \
     X(FORGET, "forget") X(PROVIDER, "_provider") X(SCOPE, "_scope") X(BEGIN_SPAN, "begin_span")                  \
-    X(LINEAGE, "lineage") X(STAMP, "stamp")
+    X(LINEAGE, "lineage") X(STAMP, "stamp") X(BEGIN_DETACHED, "begin_detached") X(BEGIN, "_begin") X(END, "end")   \
+    X(ADMIT, "admit")
 
 enum {
 #define ENUMERATE(symbol, text) symbol,
@@ -50,8 +51,16 @@ static ot_slot tracer_slots[NAME_COUNT], provider_slots[NAME_COUNT], lineage_slo
  * (child_setup()); NULL until then: the tracer's start_child is called. */
 static PyObject *child_function, *internal_kind, *on_exception, *zero;
 
-/* duration.py's context variable of the current Duration (duration_setup()), held; NULL: ends go to Python. */
-static PyObject *current_duration;
+/* What span_kinds.py registers (step_span_setup()), held; NULL until then: every begin and end is Python's.
+ * current: duration.py's ContextVar of the current Duration (a step ended while current is Python's to end);
+ * the Python methods this file shortcuts, each compared with what the object's class resolves now (a wrapper a
+ * user put on one, or a subclass's override, is honoured: the Python path runs); and the two functions that
+ * log a contained error as the Python methods log it (one message, one log_once key, either path). */
+static PyObject *current_duration, *begin_detached_function, *begin_function, *end_function, *admit_function,
+    *begin_failed, *end_failed;
+
+/* The steps begun and ended here, and the errors contained here (the tests' view: _step_span_counts()). */
+static unsigned long long begun_here, ended_here, contained_here;
 
 int ot_step_span_init(void) {
     static const char *const texts[NAME_COUNT] = {
@@ -66,16 +75,72 @@ int ot_step_span_init(void) {
     return 0;
 }
 
-/* duration_setup(current): duration.py's ContextVar of the current Duration (a step ended while current is
- * Python's to end: it restores the context). */
-PyObject *ot_py_duration_setup(PyObject *module, PyObject *current) {
+/* step_span_setup(current, begin_detached, begin, end, admit, begin_failed, end_failed): see above. */
+PyObject *ot_py_step_span_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!PyContextVar_CheckExact(current)) {
-        PyErr_SetString(PyExc_TypeError, "duration_setup(current): a contextvars.ContextVar");
+    if (nargs != 7 || !PyContextVar_CheckExact(args[0]) || !PyFunction_Check(args[1]) || !PyFunction_Check(args[2]) ||
+        !PyFunction_Check(args[3]) || !PyFunction_Check(args[4]) || !PyCallable_Check(args[5]) ||
+        !PyCallable_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "step_span_setup(current, begin_detached, begin, end, admit, begin_failed, "
+                                         "end_failed): a ContextVar, four functions, two callables");
         return NULL;
     }
-    Py_XSETREF(current_duration, Py_NewRef(current));
+    PyObject **fields[7] = {&current_duration, &begin_detached_function, &begin_function, &end_function,
+                            &admit_function, &begin_failed, &end_failed};
+    for (int index = 0; index < 7; index++) Py_XSETREF(*fields[index], Py_NewRef(args[index]));
     Py_RETURN_NONE;
+}
+
+/* _step_span_counts() -> (begun, ended, contained): the steps this file began and ended itself, and the errors
+ * it contained, for the tests. */
+PyObject *ot_py_step_span_counts(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return Py_BuildValue("(KKK)", begun_here, ended_here, contained_here);
+}
+
+/* Whether object's class resolves each name to the function registered for it: checked once per class and
+ * version (a class changed since, a method wrapped or restored, is checked again). The cache holds the class. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int tag;
+    int verdict;
+} ot_checked;
+
+static int resolves_to(PyObject *object, ot_checked *cache, int count, const int *which, PyObject *const *expected) {
+    PyTypeObject *type = Py_TYPE(object);
+    if (type == cache->type && cache->tag != 0 && ot_version_tag(type) == cache->tag) return cache->verdict;
+    int verdict = 1;
+    for (int index = 0; index < count && verdict; index++)
+        verdict = expected[index] != NULL && _PyType_Lookup(type, names[which[index]]) == expected[index];
+    Py_INCREF(type);
+    Py_XSETREF(cache->type, type);
+    cache->tag = ot_version_tag(type); /* after the lookups, which give the class a tag */
+    cache->verdict = verdict;
+    return verdict;
+}
+
+/* A contained error (an Exception) logged by ``logger`` as the Python method logs it, with its traceback (the
+ * handled exception while it runs); 0, or -1 with anything else (KeyboardInterrupt) still set. */
+static int contain(PyObject *logger) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    contained_here++;
+    PyObject *type, *value, *traceback, *saved_type, *saved_value, *saved_traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+    PyErr_GetExcInfo(&saved_type, &saved_value, &saved_traceback);
+    PyErr_SetExcInfo(type, value, traceback);
+    PyObject *logged = logger == NULL ? NULL : PyObject_CallNoArgs(logger);
+    PyErr_SetExcInfo(saved_type, saved_value, saved_traceback);
+    if (logged == NULL) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear(); /* the log itself failed: as log_once's own containment */
+            return 0;
+        }
+        return -1;
+    }
+    Py_DECREF(logged);
+    return 0;
 }
 
 /* child_setup(start_child, kind, on_exception): record_tracer.py's RecordTracer.start_child, the SpanKind its
@@ -152,10 +217,10 @@ static int values_idle(PyObject *rt, int at_end) {
     return idle;
 }
 
-/* RecordTracer.start_child(name, current, attributes) for a C span parent, in C: 1 with the span in *made, 0 when
+/* RecordTracer.start_child(name, current, attributes) for a C span parent (its context, held, given), in C: 1 with the span in *made, 0 when
  * it is not that method or not its usual case (no lineage stamp; the begin record written: begin_span did not
  * decline), nothing written; -1 with an exception. */
-static int child_here(PyObject *starter, PyObject *name, PyObject *current, PyObject *attributes, PyObject **made) {
+static int child_here(PyObject *starter, PyObject *name, PyObject *attributes, PyObject *context, PyObject **made) {
     if (child_function == NULL || !PyMethod_Check(starter) || PyMethod_GET_FUNCTION(starter) != child_function ||
         !PyDict_CheckExact(attributes))
         return 0;
@@ -171,7 +236,7 @@ static int child_here(PyObject *starter, PyObject *name, PyObject *current, PyOb
         PyErr_Occurred())
         goto out;
     PyObject *call[9] = {provider, name, internal_kind, zero, PyDict_GET_SIZE(attributes) ? attributes : Py_None,
-                         scope, ot_span_context_of(current), Py_None, on_exception};
+                         scope, context, Py_None, on_exception}; /* context: the parent's, held by the caller */
     PyObject *span = ot_py_begin_span((RingCore *)PyCFunction_GET_SELF(begin), call, 9);
     if (span == NULL) {
         result = -1;
@@ -198,9 +263,16 @@ int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under) {
 #define READ(into, object, name, caches) (held[taken++] = (into) = ot_slot_read((object), AT(caches, name)))
     PyObject *span, *late, *device, *probe, *current, *segment, *traces, *max_spans, *age, *starter, *attributes,
         *name;
+    PyObject *context = NULL, *old_runtime = NULL, *old_span = NULL;
+    static ot_checked step_checked, runtime_checked;
+    static const int step_methods[3] = {BEGIN_DETACHED, BEGIN, END}, runtime_methods[1] = {ADMIT};
+    PyObject *const step_functions[3] = {begin_detached_function, begin_function, end_function};
     Py_ssize_t span_at = ot_slot_offset(step, AT(step_slots, SPAN));
     Py_ssize_t runtime_at = ot_slot_offset(step, AT(step_slots, RUNTIME));
-    if (span_at == 0 || runtime_at == 0 || monotonic(&now) < 0) goto out;
+    if (span_at == 0 || runtime_at == 0 || monotonic(&now) < 0 ||
+        !resolves_to(step, &step_checked, 3, step_methods, step_functions) ||
+        !resolves_to(rt, &runtime_checked, 1, runtime_methods, &admit_function))
+        goto out;
     /* Every read first (a class without slots is read through PyObject_GetAttr, which may run Python code)... */
     if (READ(span, step, SPAN, step_slots) != Py_None || READ(late, step, LATE, step_slots) != Py_None ||
         READ(attributes, step, ATTRIBUTES, step_slots) == NULL || READ(name, step, NAME, step_slots) == NULL)
@@ -222,10 +294,13 @@ int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under) {
         goto out;
     /* ...then what no Python code may change in between: the parent's trace and its budget (admit()). The trace
      * is counted before (its first span is Python's) and within budget. */
-    PyObject *context = ot_span_context_of(current);
+    context = ot_span_context_of(current);
     if (context == NULL || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) < 1 ||
-        !PyLong_CheckExact(PyTuple_GET_ITEM(context, 0)))
+        !PyLong_CheckExact(PyTuple_GET_ITEM(context, 0))) {
+        context = NULL;
         goto out;
+    }
+    Py_INCREF(context); /* held: Python code below (a finaliser, a property) may rebind the parent's */
     PyObject *entry = PyDict_GetItemWithError(traces, PyTuple_GET_ITEM(context, 0)); /* an int key: no Python */
     if (entry == NULL || !PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 2 ||
         number_of(PyList_GET_ITEM(entry, 1), &started) < 0 || !PyLong_CheckExact(PyList_GET_ITEM(entry, 0)))
@@ -238,31 +313,41 @@ int ot_step_begin(PyObject *step, PyObject *rt, PyObject *under) {
     if (counted == NULL) goto error;
     PyList_SET_ITEM(entry, 0, counted);
     Py_DECREF(spans); /* the list's old item: an int, no finaliser */
-    ot_slot_write(step, runtime_at, rt);
+    /* the old runtime let go at the end: its finaliser, if any, runs after the begin */
+    old_runtime = *(PyObject **)((char *)step + runtime_at);
+    *(PyObject **)((char *)step + runtime_at) = Py_NewRef(rt);
     PyObject *made = NULL;
-    int child = child_here(starter, name, current, attributes, &made);
+    int child = child_here(starter, name, attributes, context, &made);
     if (child < 0) goto error;
     if (child == 0) {
         PyObject *call[3] = {name, current, attributes};
         if ((made = PyObject_Vectorcall(starter, call, 3, NULL)) == NULL) goto error;
     }
     /* the step's class is the one checked (its layout cannot change): the slot is where it was */
-    ot_slot_write(step, span_at, made);
-    Py_DECREF(made);
+    old_span = *(PyObject **)((char *)step + span_at);
+    *(PyObject **)((char *)step + span_at) = made;
+    begun_here++;
     result = 1;
     goto out;
 error:
-    result = -1;
+    /* Duration._begin's containment: an Exception is logged as it logs it; the step stays unbegun */
+    result = contain(begin_failed) == 0 ? 1 : -1;
 out:
     for (int index = 0; index < taken; index++) Py_XDECREF(held[index]);
 #undef READ
+    Py_XDECREF(context);
+    Py_XDECREF(old_runtime);
+    Py_XDECREF(old_span);
     if (result == 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
     if (result == 0 && PyErr_Occurred()) result = -1; /* KeyboardInterrupt and the like go on up */
     return result;
 }
 
 int ot_step_end(PyObject *step, PyObject *attributes) {
-    if (current_duration == NULL) return 0;
+    static ot_checked step_checked;
+    static const int step_methods[1] = {END};
+    if (current_duration == NULL || !resolves_to(step, &step_checked, 1, step_methods, &end_function)) return 0;
+    PyObject *trace_id = NULL;
     PyObject *held[READS] = {NULL};
     int result = 0, taken = 0;
 #define READ(into, object, name, caches) (held[taken++] = (into) = ot_slot_read((object), AT(caches, name)))
@@ -278,13 +363,15 @@ int ot_step_end(PyObject *step, PyObject *attributes) {
     held[taken++] = current;
     if (current == step || (rt != Py_None && values_idle(rt, 1) != 1)) goto out;
     /* The end: ended, the step's counts set and the span ended (the C span's own calls), as Duration.end does. */
-    ot_slot_write(step, ended_at, Py_True);
+    ot_slot_write(step, ended_at, Py_True); /* its old value was False: no finaliser */
+    ended_here++;
     if (ot_span_finish(span, attributes) < 0) goto error;
-    PyObject *parent = ot_span_parent_of(span);
+    PyObject *parent = ot_span_parent_of(span); /* compared only: read after the end's Python code, if any */
     if ((parent == NULL || parent == Py_None) && rt != Py_None) { /* a root: its trace's budget is let go */
         PyObject *context = ot_span_context_of(span);
         if (context == NULL || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) < 1) goto error_type;
-        PyObject *forgotten = PyObject_CallMethodOneArg(rt, names[FORGET], PyTuple_GET_ITEM(context, 0));
+        trace_id = Py_NewRef(PyTuple_GET_ITEM(context, 0)); /* held: forget's lookup may run Python code */
+        PyObject *forgotten = PyObject_CallMethodOneArg(rt, names[FORGET], trace_id);
         if (forgotten == NULL) goto error;
         Py_DECREF(forgotten);
     }
@@ -293,9 +380,11 @@ int ot_step_end(PyObject *step, PyObject *attributes) {
 error_type:
     PyErr_SetString(PyExc_TypeError, "a span without a SpanContext");
 error:
-    result = -1;
+    /* Duration.end's containment: an Exception is logged as it logs it */
+    result = contain(end_failed) == 0 ? 1 : -1;
 out:
     for (int index = 0; index < taken; index++) Py_XDECREF(held[index]);
+    Py_XDECREF(trace_id);
 #undef READ
     if (result == 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
     if (result == 0 && PyErr_Occurred()) result = -1;

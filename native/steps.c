@@ -465,9 +465,15 @@ static int exhausted_here(PyObject *lengths, PyObject *iterator) {
     int answer = -1;
     if (pair == NULL || !PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) goto out;
     PyObject *reference = PyTuple_GET_ITEM(pair, 0), *length = PyTuple_GET_ITEM(pair, 1);
-    if (!PyWeakref_CheckRefExact(reference) || PyWeakref_GET_OBJECT(reference) != iterator ||
-        (length != Py_None && !PyLong_CheckExact(length)))
-        goto out;
+    if (!PyWeakref_CheckRefExact(reference) || (length != Py_None && !PyLong_CheckExact(length))) goto out;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *referent = NULL;
+    if (PyWeakref_GetRef(reference, &referent) < 0) goto out;
+    Py_XDECREF(referent); /* compared only: the caller holds the iterator */
+#else
+    PyObject *referent = PyWeakref_GET_OBJECT(reference);
+#endif
+    if (referent != iterator) goto out;
     yielded = ot_slot_read(iterator, AT(iterator_slots, NUM_YIELDED));
     if (yielded == NULL || !PyLong_CheckExact(yielded) || PyObject_Not(yielded) != 0) goto out;
     answer = length == Py_None ? 0 : PyObject_RichCompareBool(yielded, length, Py_GE); /* exact ints */

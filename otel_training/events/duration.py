@@ -60,15 +60,15 @@ _PLAIN = _plain_attributes()
 _CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
 
 
-def _register_current() -> None:
-    """The C core ends a tracker's step (``native/step_span.c``) only when it can tell the step is not the current
-    Duration here: that one is ``end()``'s to end, which restores the context."""
-    extension = _native_loader.at_import(native=True)
-    if extension is not None:
-        extension.duration_setup(_CURRENT)
+
+def begin_failed() -> None:
+    """An internal error in a Duration's begin, contained: logged once (the C core's begin logs through it too)."""
+    log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
 
 
-_register_current()
+def end_failed() -> None:
+    """An internal error in a Duration's end, contained: logged once (the C core's end logs through it too)."""
+    log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
 
 
 def current_duration() -> Duration | None:
@@ -220,7 +220,7 @@ class Duration:
                 late, self._late = self._late, None
                 self._defer(late)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
-            log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
+            begin_failed()
         return self
 
     def context(self) -> contextvars.Context:
@@ -293,8 +293,12 @@ class Duration:
                 # Restore the context only where it was entered, in order; a Duration
                 # ended elsewhere (another thread, out of order) just ends its span, as does
                 # one begun detached and ended in its own context() (which it never entered).
-                _CURRENT.reset(self._current_token)  # type: ignore[arg-type]
-                _SWITCH.detach(self._token)
+                try:
+                    _CURRENT.reset(self._current_token)
+                except ValueError:  # entered in another context: ended in its own context(), which ends with its run
+                    pass
+                else:
+                    _SWITCH.detach(self._token)
             if self._segment is not None:
                 self._end_segment()
             values = self._runtime.values if self._runtime is not None else None
@@ -309,7 +313,7 @@ class Duration:
             if getattr(span, "parent", None) is None and self._runtime is not None:
                 self._runtime.forget(span.get_span_context().trace_id)
         except Exception:  # noqa: BLE001 - contained inline: this is the hot path
-            log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
+            end_failed()
 
     def _end_segment(self) -> None:
         status = getattr(self._span, "status", None)

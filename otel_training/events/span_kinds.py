@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from time import monotonic as _monotonic
 from typing import Any
 
+from otel_training import _native_loader
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._sdk_compat import trace_id_of
 from otel_training.events import device_probe
-from otel_training.events.duration import _CURRENT, Duration
+from otel_training.events.duration import _CURRENT, Duration, begin_failed, end_failed
 from otel_training.events.runtime import EventsRuntime
 
 
@@ -164,3 +165,16 @@ class HostWork(Duration):
 
     def _init_state(self) -> None:
         self._counted_in = None
+
+
+def _register_step_span() -> None:
+    """The C core begins and ends a torch tracker's usual step itself (``native/step_span.c``): it is told the
+    context variable a current Duration is in, the Python methods it shortcuts (it runs them instead whenever an
+    object's class resolves another: a wrapper, an override) and how they log a contained error."""
+    extension = _native_loader.at_import(native=True)
+    if extension is not None:
+        extension.step_span_setup(_CURRENT, StepDuration.begin_detached, Duration._begin, Duration.end,
+                                  EventsRuntime.admit, begin_failed, end_failed)
+
+
+_register_step_span()
