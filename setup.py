@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 native = [] if os.environ.get("OTEL_TRAINING_BUILD_NATIVE", "1") == "0" else [
     Extension(
         "otel_training._native",
-        sources=["native/ring.c", "native/records.c", "native/device.c", "native/span.c", "native/gate.c", "native/context.c", "native/attributes.c", "native/steps.c", "native/step_span.c", "native/slots.c",
+        sources=["native/ring.c", "native/records.c", "native/device.c", "native/span.c", "native/gate.c", "native/context.c", "native/attributes.c", "native/steps.c", "native/step_span.c", "native/slots.c", "native/helpers.c",
                  "native/module.c"],
         depends=["native/ring.h", "native/records.h", "native/device.h", "native/binding.h"],
         libraries=["dl"],

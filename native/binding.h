@@ -69,6 +69,12 @@ extern PyTypeObject CurrentSpanType, AttachSpanType, EnabledType; /* context.c *
 extern PyTypeObject PlainAttributesType;            /* attributes.c */
 extern PyTypeObject StepCoreType;                  /* steps.c */
 
+/* helpers.c: interned names (each NULL entry of names made from texts; 0, or -1 with an exception), and a pending
+ * Exception logged by logger(*args) as the handled exception (its traceback), then cleared: 0; -1 with anything
+ * else (KeyboardInterrupt) still pending. A logger that fails is contained. */
+int ot_intern_names(const char *const *texts, PyObject **names, int count);
+int ot_log_handled(PyObject *logger, PyObject *const *args, size_t nargs);
+
 /* slots.c: another class's __slots__ at the cost of a field access. One cache per call site and class role. */
 typedef struct {
     PyTypeObject *type; /* held */

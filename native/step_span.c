@@ -68,8 +68,7 @@ int ot_step_span_init(void) {
         STEP_SPAN_NAMES(TEXT)
 #undef TEXT
     };
-    for (int index = 0; index < NAME_COUNT; index++)
-        if (names[index] == NULL && (names[index] = PyUnicode_InternFromString(texts[index])) == NULL) return -1;
+    if (ot_intern_names(texts, names, NAME_COUNT) < 0) return -1;
     if (one == NULL && (one = PyLong_FromLong(1)) == NULL) return -1;
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return -1;
     return 0;
@@ -119,28 +118,12 @@ static int resolves_to(PyObject *object, ot_checked *cache, int count, const int
     return verdict;
 }
 
-/* A contained error (an Exception) logged by ``logger`` as the Python method logs it, with its traceback (the
- * handled exception while it runs); 0, or -1 with anything else (KeyboardInterrupt) still set. */
+/* A contained error (an Exception) logged by ``logger`` as the Python method logs it, with its traceback
+ * (helpers.c); 0, or -1 with anything else (KeyboardInterrupt) still set. */
 static int contain(PyObject *logger) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
     contained_here++;
-    PyObject *type, *value, *traceback, *saved_type, *saved_value, *saved_traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
-    PyErr_GetExcInfo(&saved_type, &saved_value, &saved_traceback);
-    PyErr_SetExcInfo(type, value, traceback);
-    PyObject *logged = logger == NULL ? NULL : PyObject_CallNoArgs(logger);
-    PyErr_SetExcInfo(saved_type, saved_value, saved_traceback);
-    if (logged == NULL) {
-        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)) {
-            PyErr_Clear(); /* the log itself failed: as log_once's own containment */
-            return 0;
-        }
-        return -1;
-    }
-    Py_DECREF(logged);
-    return 0;
+    return ot_log_handled(logger, NULL, 0);
 }
 
 /* child_setup(start_child, kind, on_exception): record_tracer.py's RecordTracer.start_child, the SpanKind its

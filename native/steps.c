@@ -211,8 +211,7 @@ int ot_steps_init(void) {
         STEP_CORE_NAMES(TEXT)
 #undef TEXT
     };
-    for (int index = 0; index < NAME_COUNT; index++)
-        if (names[index] == NULL && (names[index] = PyUnicode_InternFromString(texts[index])) == NULL) return -1;
+    if (ot_intern_names(texts, names, NAME_COUNT) < 0) return -1;
     if (names_one == NULL && (names_one = PyLong_FromLong(1)) == NULL) return -1;
     return 0;
 }
@@ -243,23 +242,19 @@ static PyObject *python(StepCore *self, int name, PyObject *const *args, Py_ssiz
  * the Python hooks' ``except Exception`` does; anything else (KeyboardInterrupt, SystemExit) goes on up. */
 static PyObject *failed(StepCore *self, const char *hook) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
-    /* the error is the handled exception while _failed runs, as in the Python hooks' except blocks: its log
-     * carries the traceback */
-    PyObject *type, *value, *traceback, *saved_type, *saved_value, *saved_traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
-    PyErr_GetExcInfo(&saved_type, &saved_value, &saved_traceback);
-    PyErr_SetExcInfo(type, value, traceback);
-    PyObject *text = PyUnicode_FromString(hook);
-    PyObject *result = text == NULL ? NULL : python(self, FAILED, &text, 1);
-    Py_XDECREF(text);
-    PyErr_SetExcInfo(saved_type, saved_value, saved_traceback);
-    if (result == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+    /* logged as the Python hooks' except blocks log it: the error is the handled exception, with its traceback */
+    PyObject *text = PyUnicode_FromString(hook), *logger = NULL;
+    if (text != NULL) { /* the logger looked up with the error set aside (a failed lookup: no log) */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        logger = PyObject_GetAttr((PyObject *)self, names[FAILED]);
         PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
     }
-    Py_XDECREF(result);
+    int logged = ot_log_handled(logger, &text, 1);
+    Py_XDECREF(logger);
+    Py_XDECREF(text);
+    if (logged < 0) return NULL;
     Py_RETURN_NONE;
 }
 
