@@ -10,10 +10,12 @@
  *
  * Only the usual case is here: no device timeline (none in use, or turned off, and no probe due), a parent span
  * of the C core's class with no trace segment, its trace within budget and already counted, the offloaded
- * tracer, no device values waiting, a step never begun or never made current. Anything else returns 0 before any
- * change, and the caller runs the Python method, which is also the pure-Python fallback: one behaviour, written
- * once in Python; C is its shortcut. Python code runs in one place only, the tracer's start_child, after every
- * check and the budget's count, as in Python.
+ * tracer, no device values waiting, a step never begun or never made current, and classes that still resolve the
+ * Python methods this shortcuts (a user's wrapper is honoured). Anything else returns 0 before any change, and
+ * the caller runs the Python method, which is also the pure-Python fallback: one behaviour, written once in
+ * Python; C is its shortcut. What C holds while Python code may run (a finaliser, a property, the tracer's own
+ * start_child where C cannot take it) it holds by a reference of its own; what it reads after such code it reads
+ * again.
  */
 #include "binding.h"
 

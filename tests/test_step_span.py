@@ -20,7 +20,7 @@ import pytest
 from otlp_json import read_spans
 from requirements import require
 
-from otel_training import _ring
+from otel_training import _contain, _ring
 from otel_training import semconv as sc
 from otel_training.events import device_probe
 from otel_training.events.duration import Duration
@@ -245,7 +245,9 @@ def test_a_wrapper_on_the_python_methods_is_honoured_and_c_takes_over_again_once
 
 
 @needs_native
-def test_a_failing_begin_is_contained_logged_once_as_pythons_and_training_goes_on(tracking, in_c, caplog) -> None:
+def test_a_failing_begin_is_contained_logged_once_as_pythons_and_training_goes_on(tracking, in_c, caplog,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(_contain, "_seen", set())  # logged once a process: an earlier test's may have been
     telemetry, tracker = tracking("on")
     batches = Batches()  # one epoch: the epoch span's own begin (Python's) is not among those that fail
     drive(tracker, steps=2, batches=batches)

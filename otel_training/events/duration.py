@@ -14,6 +14,7 @@ user's own exception leaving a ``with`` block, which is recorded and re-raised.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -32,7 +33,7 @@ from otel_training.events.attributes import CACHED_KEYS as _PLAIN_KEYS
 from otel_training.events.attributes import INT64_LIMIT as _INT64_LIMIT
 from otel_training.events.attributes import MAX_KEYS, text, to_attributes
 from otel_training.events.runtime import EventsRuntime
-from otel_training.events.span_factory import record_error, start_child, start_span
+from otel_training.events.span_factory import begin_failed, end_failed, record_error, start_child, start_span
 from otel_training.events.values import SPAN as SPAN_VALUES
 from otel_training.events.values import defer_or_describe
 
@@ -58,17 +59,6 @@ def _plain_attributes() -> Callable[..., dict[str, Any] | None] | None:
 _PLAIN = _plain_attributes()
 
 _CURRENT: contextvars.ContextVar[Duration | None] = contextvars.ContextVar("otel_training_duration", default=None)
-
-
-
-def begin_failed() -> None:
-    """An internal error in a Duration's begin, contained: logged once (the C core's begin logs through it too)."""
-    log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
-
-
-def end_failed() -> None:
-    """An internal error in a Duration's end, contained: logged once (the C core's end logs through it too)."""
-    log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
 
 
 def current_duration() -> Duration | None:
@@ -174,9 +164,8 @@ class Duration:
 
     def _begin(self, rt: EventsRuntime | None, detached: bool = False, under: Duration | None = None) -> Duration:
         """``detached``: the span does not become the caller's current span (``context()`` makes one where it is).
-        ``under``: the begun Duration that is current where this one begins, given by a caller that knows it (the
-        torch tracker's loop spans): the same parent and budget as beginning in its ``context()``, without entering
-        that context and reading it back (about 1 500 instructions a step)."""
+        ``under``: the begun Duration current where this one begins, from a caller that knows it (the torch
+        tracker's loop spans): its ``context()``'s parent and budget, without entering it and reading them back."""
         try:
             if self._span is not None:
                 log_once(f"begin-twice:{self.name}", "otel_training: Duration %r begun twice; ignored", self.name,
@@ -290,14 +279,10 @@ class Duration:
                 return
             self._ended = True
             if self._current_token is not None and _CURRENT.get() is self:
-                # Restore the context only where it was entered, in order; a Duration
-                # ended elsewhere (another thread, out of order) just ends its span, as does
-                # one begun detached and ended in its own context() (which it never entered).
-                try:
+                # Restore the context only where it was entered, in order; a Duration ended elsewhere (another
+                # thread, out of order, inside its own context(): ValueError) just ends its span.
+                with contextlib.suppress(ValueError):
                     _CURRENT.reset(self._current_token)
-                except ValueError:  # entered in another context: ended in its own context(), which ends with its run
-                    pass
-                else:
                     _SWITCH.detach(self._token)
             if self._segment is not None:
                 self._end_segment()

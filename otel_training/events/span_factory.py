@@ -51,6 +51,16 @@ def start_child(rt: EventsRuntime, name: str, parent: Span, attributes: Mapping[
     return span
 
 
+def begin_failed() -> None:
+    """An internal error in a Duration's begin, contained: logged once (the C core's begin logs through it too)."""
+    log_once("Duration.begin", "otel_training: internal error in Duration.begin; training continues")
+
+
+def end_failed() -> None:
+    """An internal error in a Duration's end, contained: logged once (the C core's end logs through it too)."""
+    log_once("Duration.end", "otel_training: internal error in Duration.end; training continues")
+
+
 def record_error(span: Span, error: BaseException | str | None) -> None:
     """Status ERROR first, then the details: an exception whose ``__str__`` raises still fails the span."""
     if isinstance(error, BaseException):

@@ -17,8 +17,9 @@ from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._sdk_compat import trace_id_of
 from otel_training.events import device_probe
-from otel_training.events.duration import _CURRENT, Duration, begin_failed, end_failed
+from otel_training.events.duration import _CURRENT, Duration
 from otel_training.events.runtime import EventsRuntime
+from otel_training.events.span_factory import begin_failed, end_failed
 
 
 def _with_defaults(function: Callable[..., Any], **defaults: Any) -> Callable[..., Any]:
