@@ -18,13 +18,13 @@ from otel_training._version import __version__
 
 if TYPE_CHECKING:
     from otel_training.config.options import ConfigError
-    from otel_training.pipeline.configure import configure, get_telemetry
-    from otel_training.pipeline.deadlines import FlushResult
-    from otel_training.pipeline.telemetry import Telemetry
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
     from otel_training.events.process import Process
+    from otel_training.pipeline.configure import configure, get_telemetry
+    from otel_training.pipeline.deadlines import FlushResult
+    from otel_training.pipeline.telemetry import Telemetry
     from otel_training.processors.dlrover_log import DLRoverLogProcessor
     from otel_training.processors.goodput import GoodputSpanProcessor
     from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
@@ -51,7 +51,28 @@ _EXPORTS = {
     "set_lineage": "otel_training.events.lineage",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+#: The same names as ``_EXPORTS`` and the version, written out so that linters and type checkers read them
+#: (tests/test_public_api.py checks the two agree).
+__all__ = [
+    "AdaptiveSettings",
+    "AgentProcess",
+    "ConfigError",
+    "DLRoverLogProcessor",
+    "Duration",
+    "FlushResult",
+    "GoodputSpanProcessor",
+    "MasterProcess",
+    "Process",
+    "StuckEvent",
+    "StuckSpanProcessor",
+    "Telemetry",
+    "TrainerProcess",
+    "__version__",
+    "configure",
+    "current_duration",
+    "get_telemetry",
+    "set_lineage",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import operator
-
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.attributes import BoundedAttributes
@@ -29,18 +28,21 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_training import _native_loader
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk._configuration import _BaseConfigurator as BaseConfigurator
+
 __all__ = [
+    "SPAN_CONTEXT_IS_TUPLE",
     "BaseConfigurator",
+    "SpanSwitch",
     "attribute_items",
     "batch_queue_length",
     "instrumentation_check",
     "is_proxy_meter_provider",
-    "SPAN_CONTEXT_IS_TUPLE",
     "span_fields",
     "span_pipeline",
-    "suppression_keys",
-    "SpanSwitch",
     "span_switch",
+    "suppression_keys",
     "trace_id_of",
     "tracer_for_pipeline",
 ]

@@ -23,8 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from otel_training import semconv as sc
 from otel_training.analysis.gpu import GpuErrors, GpuView, alert_view
-from otel_training.analysis.hang import (Culprit, GroupView, RankView, Verdict, explain_gpu, group_view, render,
-                                         verdict)
+from otel_training.analysis.hang import Culprit, GroupView, RankView, Verdict, explain_gpu, group_view, render, verdict
 
 #: Stuck spans kept per rank: the longest, so the episodes that cost the most are never the ones left out.
 MAX_PER_RANK = 500
@@ -52,9 +51,9 @@ class StuckSpan:
 
     def merge(self, other: StuckSpan) -> None:
         """The same span seen in another part or from another reporter (the watchdog's, the detector's)."""
-        if other.alert_ns < self.alert_ns and other.view is not None or self.view is None:
+        if (other.alert_ns < self.alert_ns and other.view is not None) or self.view is None:
             self.view = other.view or self.view
-        if other.alert_ns < self.alert_ns and other.gpu is not None or self.gpu is None:
+        if (other.alert_ns < self.alert_ns and other.gpu is not None) or self.gpu is None:
             self.gpu = other.gpu or self.gpu
         self.begin_ns = min(self.begin_ns, other.begin_ns)
         self.alert_ns = min(self.alert_ns, other.alert_ns)

@@ -14,8 +14,16 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training.analysis.gpu import GpuErrors
 from otel_training.analysis.hang import GroupView, RankView, Verdict, explain_gpu, group_view, render, verdict
-from otel_training.analysis.hang_episodes import (MAX_PER_RANK, Episode, StuckSpan, episodes, gpu_views, prune,
-                                                  render_episodes, stuck_span)
+from otel_training.analysis.hang_episodes import (
+    MAX_PER_RANK,
+    Episode,
+    StuckSpan,
+    episodes,
+    gpu_views,
+    prune,
+    render_episodes,
+    stuck_span,
+)
 from otel_training.analysis.records import RunKey, SpanRecord
 
 #: Steps of each rank shown in the timeline around the hang.

@@ -145,12 +145,11 @@ def _latest_job(args: argparse.Namespace, report: Any) -> str | None:
 
 def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: list[Any], html: bool) -> int:
     """Print the summary, write the HTML page and the Chrome trace (of the spans in ``spans_from``)."""
+    from otel_training._files import write_private
     from otel_training.report import render_html, render_summary, write_chrome_trace
     from otel_training.report.files import workers_available
-    from otel_training.report.reader import stream_records
-
-    from otel_training._files import write_private
     from otel_training.report.machine import render_json
+    from otel_training.report.reader import stream_records
 
     to_stdout = args.json == "-"
     notes = sys.stderr if to_stdout else sys.stdout  # standard output holds the JSON alone

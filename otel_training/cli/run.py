@@ -48,8 +48,8 @@ def build_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     """The child's environment; raises ConfigError for an unknown option or a bad value."""
     from otel_training.config import otel_env
     from otel_training.config.options import ENV_PREFIX, ConfigError, resolve
-    from otel_training.pipeline.outputs import check_output_dir, default_exporter
     from otel_training.integrations.auto import ENV_JOB_ID, ENV_OWNER
+    from otel_training.pipeline.outputs import check_output_dir, default_exporter
 
     env = dict(environ)
     # Under the launcher a sidecar watchdog reports ranks that freeze or die (docs/stuck-detection.md);

@@ -14,16 +14,15 @@ import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
-
 from urllib.parse import unquote
 
 from opentelemetry.sdk.resources import Resource
 
 from otel_training import semconv as sc
+from otel_training._text import text
 from otel_training.analysis.records import iso_ns
 from otel_training.config.options import OPTIONS_BY_NAME
 from otel_training.config.parsers import MAX_INT64, ConfigError
-from otel_training._text import text
 
 DEFAULT_SERVICE_NAME = "training"
 

@@ -144,8 +144,9 @@ _CHEAP_TEXT = (PurePath, Enum, datetime.date, datetime.time, datetime.timedelta,
 def needs_text(value: Any) -> bool:
     """Whether ``value`` becomes an attribute only through its ``__str__``, which a user's class may make slow
     or blocking: the events API converts those off the training thread (``events/values.py``)."""
-    return not (type(value) in _SCALARS or value is None or isinstance(value, (*_SCALARS, list, tuple, Mapping))
-                or isinstance(value, _CHEAP_TEXT) or (hasattr(value, "item") and hasattr(value, "dtype")))
+    return not (type(value) in _SCALARS or value is None
+                or isinstance(value, (*_SCALARS, list, tuple, Mapping, *_CHEAP_TEXT))
+                or (hasattr(value, "item") and hasattr(value, "dtype")))
 
 
 def _value(value: Any) -> Any:

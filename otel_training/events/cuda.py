@@ -168,10 +168,9 @@ class CudaDevice:
                 if time.time_ns() > deadline:
                     self._anchored_at = time.monotonic()
                     return  # the side stream is busy (shared): try again at the next interval
-            else:
-                after = time.time_ns()
-                if after - before <= ANCHOR_MAX_BRACKET_S * 1e9 and (best is None or after - before < best[0]):
-                    best = (after - before, event, (before + after) // 2)
+            after = time.time_ns()
+            if after - before <= ANCHOR_MAX_BRACKET_S * 1e9 and (best is None or after - before < best[0]):
+                best = (after - before, event, (before + after) // 2)
         self._anchored_at = time.monotonic()  # a failed round waits for the next interval too
         if best is not None:
             self._anchor = (best[1], best[2])

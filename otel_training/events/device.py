@@ -48,8 +48,12 @@ from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
-from otel_training.pipeline.device_steps import (RATE_KEYS, between_steps_attributes, device_step_attributes,
-                                                 start_time_of)
+from otel_training.pipeline.device_steps import (
+    RATE_KEYS,
+    between_steps_attributes,
+    device_step_attributes,
+    start_time_of,
+)
 
 if TYPE_CHECKING:
     from otel_training.events.runtime import EventsRuntime

@@ -9,9 +9,9 @@ _UNCHANGED: object = object()
 
 
 def set_lineage(
-    pipeline_id: str | None | object = _UNCHANGED,
-    trigger_id: str | None | object = _UNCHANGED,
-    training_id: str | None | object = _UNCHANGED,
+    pipeline_id: str | object | None = _UNCHANGED,
+    trigger_id: str | object | None = _UNCHANGED,
+    training_id: str | object | None = _UNCHANGED,
 ) -> None:
     """Stamp these ids on every span started from now on (``None`` clears one).
 

@@ -14,8 +14,8 @@ from opentelemetry.trace import TracerProvider
 from otel_training import semconv as sc
 from otel_training.events.attributes import METRIC_PREFIX, to_attributes
 from otel_training.events.duration import Duration
-from otel_training.events.span_kinds import HostWork, StepDuration
 from otel_training.events.process import Process
+from otel_training.events.span_kinds import HostWork, StepDuration
 
 
 def _given(**values: Any) -> dict[str, Any] | None:

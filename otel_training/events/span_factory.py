@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.context import Context
 from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc

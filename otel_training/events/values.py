@@ -128,7 +128,7 @@ class PendingValues:
         #: Read from the training thread's hot path without the lock: a list, replaced, never mutated.
         self.items: tuple[_Item, ...] = ()
         self._lock = threading.Lock()
-        self._reader: ValueReader | None | bool = False  # False: not looked for yet
+        self._reader: ValueReader | bool | None = False  # False: not looked for yet
         #: Values described instead of read (no reader, too many pending), and never read in time.
         self.described = 0
         self.unresolved = 0

@@ -26,7 +26,6 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_training._contain import log_once
 from otel_training.exporters.spool import Spool
 
-
 #: An export running longer than this is a collector that hangs, not one that is slow.
 STALLED_S = 1.0
 #: With a spool, how often a collector that failed is tried again (with one batch).

@@ -27,7 +27,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 

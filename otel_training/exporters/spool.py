@@ -79,7 +79,7 @@ class SendResult:
 def _post(url: str, body: bytes, timeout_s: float) -> None:
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the user's collector
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         response.read()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-
 from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc

@@ -14,9 +14,8 @@ import os
 import time
 from typing import Any
 
-from transformers import TrainerCallback
-
 from opentelemetry.trace import TracerProvider
+from transformers import TrainerCallback
 
 from otel_training import semconv as sc
 from otel_training._contain import contained

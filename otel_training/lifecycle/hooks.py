@@ -246,7 +246,7 @@ def _signal_handler(signum: int, frame: FrameType | None) -> None:
 
 def _dispatch(signum: int, arrived: float) -> None:
     """A signal the watcher saw: terminate (in a thread of its own) if it is ours to handle."""
-    if _installed_signals.get(signum, None) is not signal.SIG_DFL or os.getpid() != _owner_pid:
+    if _installed_signals.get(signum) is not signal.SIG_DFL or os.getpid() != _owner_pid:
         return
     if signal.getsignal(signum) is not _signal_handler:
         return  # the program installed its own handler since: the signal is its to handle

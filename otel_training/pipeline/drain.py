@@ -37,22 +37,33 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
-                                 TraceState, Tracer, get_current_span, set_span_in_context)
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+    TraceState,
+    get_current_span,
+    set_span_in_context,
+)
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._native_loader import native
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
-from otel_training.pipeline.plugins import install_plugins
-from otel_training.processors.stuck import parse_span_names
-from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
-from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.device_steps import DeviceSteps
 from otel_training.pipeline.host_gaps import HostGaps
+from otel_training.pipeline.plugins import install_plugins
+from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS, VALUES
 from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
+from otel_training.processors.stuck import parse_span_names
+from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 
 logger = logging.getLogger("otel_training")
 #: How a close record's bytes begin (marshal: a tuple, then the int CLOSE); and what the drain gives its last

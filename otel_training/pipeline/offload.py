@@ -44,11 +44,11 @@ from otel_training.exporters.otlp_json import trace_file
 from otel_training.exporters.spool import spool_file
 from otel_training.pipeline.device_records import STAT_KEYS, DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
+from otel_training.pipeline.outputs import check_output_dir
 from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
 from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
 from otel_training.pipeline.responder import Responder, cuda_uuid
-from otel_training.pipeline.outputs import check_output_dir
 from otel_training.pipeline.telemetry import Telemetry, _version
 
 logger = logging.getLogger("otel_training")

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained
-from otel_training.processors.stuck_actions import RemoteProcess
 from otel_training.pipeline.telemetry import Telemetry
+from otel_training.processors.stuck_actions import RemoteProcess
 
 if TYPE_CHECKING:
     from otel_training.hardware.gpu_state import SpanEndHook

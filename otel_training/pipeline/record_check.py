@@ -12,8 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_training.pipeline.records import (BEGIN, CLOSE, DEVICE, DEVICE_FAILED, DEVICE_INFO, END, FLUSH, SCOPE,
-                                           STACKS, VALUES)
+from otel_training.pipeline.records import (
+    BEGIN,
+    CLOSE,
+    DEVICE,
+    DEVICE_FAILED,
+    DEVICE_INFO,
+    END,
+    FLUSH,
+    SCOPE,
+    STACKS,
+    VALUES,
+)
 
 _U64, _U128 = 1 << 64, 1 << 128
 _SPAN_KINDS = range(5)  # SpanKind's values

@@ -36,14 +36,13 @@ from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision, Sampler
 from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, TraceFlags
 
 from otel_training import _native_loader
-from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training._contain import log_once
 from otel_training._ids import getrandbits
 from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE, span_switch
 from otel_training.config.parsers import ConfigError
 from otel_training.pipeline.record_span import _ON_EXCEPTION, PyRecordSpan, RecordSpan, native_span_class
-from otel_training.pipeline.records import (BEGIN, SCOPE, Emit, FastRecords, encode, encode_links,
-                                            encode_plain)
+from otel_training.pipeline.records import BEGIN, SCOPE, Emit, FastRecords, encode, encode_links, encode_plain
+from otel_training.processors.lineage import LineageSpanProcessor
 
 logger = logging.getLogger("otel_training")
 

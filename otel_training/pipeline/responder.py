@@ -67,8 +67,8 @@ class Responder:
     the open spans, flush, ``os._exit``).
     """
 
-    def __init__(self, fd: int, write: Callable[[bytes, "bool | None", float], bool],
-                 exit: Callable[[int], None]) -> None:
+    def __init__(self, fd: int, write: Callable[[bytes, bool | None, float], bool],
+                 exit: Callable[[int], None]) -> None:  # noqa: A002 - the responder's verbs: write and exit
         self._fd = fd
         self._write = write
         self._exit = exit

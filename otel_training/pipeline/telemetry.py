@@ -25,24 +25,24 @@ from opentelemetry.sdk.metrics import MeterProvider, TraceBasedExemplarFilter
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import Span, Tracer
 
 from otel_training import semconv as sc
-from otel_training._ids import PrivateIdGenerator
 from otel_training._contain import call_contained
+from otel_training._ids import PrivateIdGenerator
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
-from otel_training.pipeline.deadlines import FlushResult, millis, run_with_deadline
-from otel_training.pipeline.exporters import metric_exporter, span_exporter
-from otel_training.pipeline.outputs import check_output_dir, default_exporter
-from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.exporters.guarded import GuardedSpanExporter
-from otel_training.processors.late_values import LateValuesSpanProcessor
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
+from otel_training.pipeline.deadlines import FlushResult, millis, run_with_deadline
+from otel_training.pipeline.device_records import DeviceRecorder
+from otel_training.pipeline.exporters import metric_exporter, span_exporter
+from otel_training.pipeline.outputs import check_output_dir, default_exporter
 from otel_training.processors.batch import CountingBatchSpanProcessor
+from otel_training.processors.late_values import LateValuesSpanProcessor
 from otel_training.processors.lineage import LineageSpanProcessor
 
 if TYPE_CHECKING:

@@ -126,7 +126,7 @@ class DLRoverLogProcessor(SpanProcessor):
     def _line(self, time_ns: int, span_id: int, attributes: Any, span_name: str, kind: str,
               content: dict[str, Any]) -> str:
         target = attributes.get(sc.EVENT_TARGET, "")
-        name = attributes.get(sc.EVENT_NAME, span_name) if kind != "INSTANT" else attributes.get(sc.EVENT_NAME, span_name)
+        name = attributes.get(sc.EVENT_NAME, span_name)
         event_id = f"{span_id:016x}"
         if self.json_lines:
             return json.dumps({"event_time": _time(time_ns), "event_id": event_id, "target": target, "name": name,

@@ -75,9 +75,9 @@ from otel_training.analysis import (
     RunAccountant,
     RunKey,
     SpanRecord,
+    times_step,
 )
 from otel_training.analysis import ideal_step_time as derive_ideal
-from otel_training.analysis import times_step
 from otel_training.analysis.goodput import with_compilation
 from otel_training.analysis.stragglers import LiveIndividual
 from otel_training.processors.goodput_stuck import LiveStuck

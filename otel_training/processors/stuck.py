@@ -36,7 +36,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.context import Context

@@ -258,7 +258,7 @@ class KeyStore:
                 size = len(current)
                 current.update(keys)  # type: ignore[arg-type]  # no None: checked above
                 if len(current) - size == len(keys):
-                    self.current_end = max(self.current_end, max(map(_end, spans)))
+                    self.current_end = max(self.current_end, *map(_end, spans))
                     if len(current) >= self.generation:
                         self._age()
                     return spans

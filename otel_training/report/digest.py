@@ -20,7 +20,7 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, RunSummary, SpanRecord, span_label, times_step
-from otel_training.analysis.goodput import Life, _RecordsLife, rank_runs, normalize_span_id
+from otel_training.analysis.goodput import Life, _RecordsLife, normalize_span_id, rank_runs
 from otel_training.analysis.gpu import ERRORS_KEY, GpuErrors, step_errors, step_state
 from otel_training.analysis.hang_tracker import HangTracker
 from otel_training.analysis.stragglers import window_bounds

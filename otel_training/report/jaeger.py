@@ -93,7 +93,7 @@ def _latest_start_us(trace: dict[str, Any], service: str) -> int | None:
 
 def _get(address: str, timeout_s: float) -> tuple[dict[str, Any] | None, Problem | None]:
     try:
-        with urllib.request.urlopen(address, timeout=timeout_s) as response:  # noqa: S310 - a user-given URL
+        with urllib.request.urlopen(address, timeout=timeout_s) as response:
             return json.load(response), None
     except urllib.error.HTTPError as error:
         return None, Problem(address, None, f"Jaeger answered HTTP {error.code}: {error.reason}")
@@ -177,7 +177,7 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     problems: list[Problem] = []
     records: list[SpanRecord] = []
     address = url
-    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,
+    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,  # noqa: B007 - the last page's address names a problem below
                                   page_traces=page_traces, now_s=now_s):
         records += records_from_jaeger({"data": traces})
     if not records:
@@ -218,7 +218,7 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
     try:
         directory.mkdir(parents=True, exist_ok=True)
         arrived = 0
-        for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,
+        for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,  # noqa: B007 - the last page's address names a problem below
                                       timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
             rows = []
             for end, resource, text in _rows(traces, resources):
@@ -354,7 +354,7 @@ def _merged(pages: list[Path]) -> Iterator[Any]:
     def rows(path: Path) -> Iterator[Any]:
         with path.open("rb") as data:
             while header := data.read(_LENGTH.size):
-                yield pickle.loads(data.read(_LENGTH.unpack(header)[0]))  # noqa: S301 - our own file
+                yield pickle.loads(data.read(_LENGTH.unpack(header)[0]))
 
     yield from heapq.merge(*(rows(path) for path in pages))
 

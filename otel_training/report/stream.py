@@ -164,7 +164,7 @@ class _Run:
         assert accountant is not None
         until = self.fed_end - LAG_NS
         if self.buffer:
-            until = min(until, min(record.start_ns for _, _, record in self.buffer))
+            until = min(until, *(record.start_ns for _, _, record in self.buffer))
         stuck = accountant.stuck_since_ns
         if stuck is not None:
             until = min(until, stuck)

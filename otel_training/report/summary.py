@@ -8,8 +8,8 @@ sequences.
 
 from __future__ import annotations
 
-from otel_training._text import escape_controls as _safe
 from otel_training import semconv as sc
+from otel_training._text import escape_controls as _safe
 from otel_training.analysis import PRODUCTIVE
 from otel_training.report.job import JobReport
 

@@ -34,14 +34,14 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_training import semconv as sc
 from otel_training._stacks import bounded
-from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.pipeline import exporters as factory
+from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
 from otel_training.watchdog.slot import STATE_CLOSED, SlotReader, SlotState
 
 logger = logging.getLogger("otel_training.watchdog")
@@ -71,7 +71,7 @@ def py_spy_stacks(pid: int) -> tuple[str | None, str | None]:
         return None, "py-spy not found (pip install py-spy to get the stacks of a frozen process)"
     try:
         result = subprocess.run([executable, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                timeout=PY_SPY_TIMEOUT_S)
+                                timeout=PY_SPY_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return None, f"py-spy failed: {error}"
     if result.returncode != 0:
@@ -209,7 +209,7 @@ class Watchdog:
         )
         try:
             self.span_exporter.export([span])
-        except Exception:  # noqa: BLE001 - the alert itself is already out
+        except Exception:
             logger.warning("otel_training watchdog: could not export the span pid %d died in", self.pid,
                            exc_info=True)
 

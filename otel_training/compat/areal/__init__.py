@@ -254,14 +254,14 @@ class _PhaseScope:
         trace_session_event(f"mark_{self._phase}_start", session_id=self._session_id, **self._start_payload)
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         trace_session_event(f"mark_{self._phase}_end", session_id=self._session_id, **self._end_payload)
         return False
 
     async def __aenter__(self) -> _PhaseScope:
         return self.__enter__()
 
-    async def __aexit__(self, *exc: Any) -> bool:
+    async def __aexit__(self, *exc: object) -> bool:
         return self.__exit__(*exc)
 
 

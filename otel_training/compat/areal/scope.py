@@ -210,13 +210,13 @@ class _NullScope:
     def __enter__(self) -> _NullScope:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         return False
 
     async def __aenter__(self) -> _NullScope:
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool:
+    async def __aexit__(self, *exc: object) -> bool:
         return False
 
 

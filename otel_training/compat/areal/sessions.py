@@ -203,7 +203,7 @@ class SessionTracer:
                     record.reason = payload["reason"]
                 self._ready.add(session_id)
                 emit = self._close_span(record)
-            elif name.endswith("_start") or name.endswith("_end"):
+            elif name.endswith(("_start", "_end")):
                 phase, _, role = name.rpartition("_")
                 if not phase:
                     return

@@ -19,7 +19,6 @@ from otel_training.compat.areal.output import _append_lines, _output_path
 from otel_training.compat.areal.scope import _now_us, _Scope, _span_event
 from otel_training.compat.areal.sessions import SessionTracer
 
-
 _thread_local = threading.local()
 
 

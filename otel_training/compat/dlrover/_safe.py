@@ -38,7 +38,7 @@ class SafeCallable:
     def __enter__(self) -> SafeCallable:
         return self
 
-    def __exit__(self, *exc_info: Any) -> bool:
+    def __exit__(self, *exc_info: object) -> bool:
         return False  # the user's exception goes on
 
     def __repr__(self) -> str:

@@ -21,8 +21,8 @@ from otel_training.compat.dlrover.exporter import EventExporter, get_default_exp
 from otel_training.compat.dlrover.names import TrainerEventName
 from otel_training.events.attributes import METRIC_PREFIX, text, to_attributes
 from otel_training.events.duration import Duration as _Span
-from otel_training.events.span_kinds import HostWork, StepDuration
 from otel_training.events.process import Process as _SpanProcess
+from otel_training.events.span_kinds import HostWork, StepDuration
 
 logger = logging.getLogger("otel_training.compat.dlrover")
 

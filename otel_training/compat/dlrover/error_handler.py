@@ -20,7 +20,6 @@ from otel_training.compat.dlrover.emitter import Process
 from otel_training.compat.dlrover.exporter import AsyncExporter, get_default_exporter
 from otel_training.events.attributes import text
 
-
 #: The signals DLRover hooks, less the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL: a Python handler
 #: never runs, the faulting instruction repeats) and SIGPIPE (Python ignores it, so a closed pipe is an error).
 _EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGABRT", "SIGHUP", "SIGQUIT")

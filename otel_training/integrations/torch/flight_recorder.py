@@ -39,7 +39,7 @@ def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
     if not flight_recorder_enabled():
         return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
     try:
-        import torch._C._distributed_c10d as c10d  # noqa: PLC2701 - torch's only API for it
+        import torch._C._distributed_c10d as c10d
     except Exception as error:  # noqa: BLE001
         return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: f"flight recorder unavailable: {error}"}
     entries: list[dict[str, Any]] = []

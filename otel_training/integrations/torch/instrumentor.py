@@ -119,7 +119,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _patch_torch(self) -> None:
         import torch
         import torch.optim.optimizer as optimizer_module
-        import torch.utils.data.dataloader  # noqa: F401 - the iterator class below
+        import torch.utils.data.dataloader
 
         from otel_training.integrations.torch import checkpoint, distributed
         from otel_training.integrations.torch.tracker_class import tracker_class
