@@ -36,11 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-import otel_training  # noqa: E402
-from otel_training.integrations.torch import TorchInstrumentor  # noqa: E402
+import otel_training
+from otel_training.integrations.torch import TorchInstrumentor
 
 
 def free_port() -> int:

@@ -80,11 +80,11 @@ class Counts:
         self.collector_cpu_s = counter(collector, "otelcol_process_cpu_seconds")
         self.jaeger_cpu_s = counter(jaeger, "otelcol_process_cpu_seconds")
 
-    def minus(self, before: "Counts") -> dict[str, float]:
+    def minus(self, before: Counts) -> dict[str, float]:
         return {f: getattr(self, f) - getattr(before, f) for f in self.FIELDS}
 
 
-def rank_main(rank: int, world: int, job_id: str, args: argparse.Namespace, ready, results) -> None:  # noqa: ANN001
+def rank_main(rank: int, world: int, job_id: str, args: argparse.Namespace, ready, results) -> None:
     """One simulated rank (a forked process)."""
     import logging
 

@@ -31,10 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # fake_device
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # cuda_plain_loop's GPU stall
 
-import otel_training  # noqa: E402
-from otel_training import semconv as sc  # noqa: E402
-from otel_training.events import device as device_module  # noqa: E402
-from otel_training.events import device_probe  # noqa: E402
+import otel_training
+from otel_training import semconv as sc
+from otel_training.events import device as device_module
+from otel_training.events import device_probe
 
 
 class NoOpDevice:
@@ -131,7 +131,7 @@ def alert_latency(cuda: bool, sync_every: int, threshold_s: float, stall_step: i
             if index == stall_step:
                 torch.cuda._sleep(int((threshold_s + 1.0) * cycles))
             for _ in range(4):
-                work @ work  # noqa: B018 - device work
+                work @ work
 
         def sync() -> None:
             torch.cuda.synchronize()

@@ -54,7 +54,7 @@ from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.goodput import GoodputSpanProcessor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _callgrind  # noqa: E402  (bench/'s own helper, beside this script)
+import _callgrind
 
 #: The side being measured (main() sets it), for the instruction counts' labels.
 _SIDE = [""]
@@ -127,7 +127,7 @@ def offload_step(n: int, native: str = "auto") -> float:
                                             signal_hooks=False, exception_hooks=False, native=native)
         if not telemetry.drain_ready(timeout_s=30):
             raise SystemExit("the drain process did not start within 30 s")
-        drain_cpu = _cpu_of(telemetry._drain.pid)  # noqa: SLF001 - the bench reads the drain's CPU
+        drain_cpu = _cpu_of(telemetry._drain.pid)
         trainer = otel_training.TrainerProcess()
         start = _measure_begins(n)
         with trainer.epoch(epoch=0):
@@ -136,7 +136,7 @@ def offload_step(n: int, native: str = "auto") -> float:
                     pass
         elapsed = _measure_ends(start)
         telemetry.force_flush(timeout_s=60)
-        drain_cpu = _cpu_of(telemetry._drain.pid) - drain_cpu  # noqa: SLF001
+        drain_cpu = _cpu_of(telemetry._drain.pid) - drain_cpu
         telemetry.shutdown(timeout_s=30)
         steps = 0
         for path in Path(directory).glob("traces-*.jsonl"):

@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO / "scripts" / "stack"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import otelstack as stack_mod  # noqa: E402  (scripts/stack/otelstack/)
-from otelstack import topology as topology_mod  # noqa: E402  (scripts/stack/otelstack/topology.py)
 from bench_collector_load import counter  # noqa: E402
+from otelstack import topology as topology_mod  # noqa: E402  (scripts/stack/otelstack/topology.py)
 
 
 def encoded_request(traces: int, spans_per_trace: int) -> tuple[bytes, list[list[int]]]:
@@ -78,7 +78,7 @@ def encoded_request(traces: int, spans_per_trace: int) -> tuple[bytes, list[list
     return raw, offsets
 
 
-def sender(endpoint: str, raw: bytes, offsets: list[list[int]], spans: int, until: float, out) -> None:  # noqa: ANN001
+def sender(endpoint: str, raw: bytes, offsets: list[list[int]], spans: int, until: float, out) -> None:
     """Send the request with fresh trace ids until ``until`` (wall clock); report counts."""
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import _count  # noqa: E402
-from report_job import generate  # noqa: E402
+from bench_report import _count
+from report_job import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_MEMORY = """
@@ -95,7 +95,7 @@ def serve(directory: Path, trace_spans: int, ready: Any) -> None:
     negated = [-latest for latest, _ in traces]  # ascending, for bisect
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             query = dict(item.split("=", 1) for item in self.path.split("?", 1)[1].split("&"))
             first = bisect.bisect_left(negated, -int(query.get("end", 2**62)))
             page = [body for _, body in traces[first:first + int(query["limit"])]]

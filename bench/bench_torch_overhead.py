@@ -55,7 +55,7 @@ import otel_training
 from otel_training.integrations.torch import TorchInstrumentor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _callgrind  # noqa: E402  (bench/'s own helper, beside this script)
+import _callgrind
 
 
 def make_loop(hidden: int, batch_size: int, batches: int, device: str = "cpu"):

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+
 def _calls_through() -> tuple[str, ...]:
     """Frames of ours that only call back into user code (the lines of the torch instrumentor's
     wrappers that call the wrapped function: the DataLoader fetch, backward) or run imports:

@@ -19,6 +19,7 @@ it blocked), and the step it stalled (``--stall-step`` sleeps the GPU for
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -70,7 +71,7 @@ def main() -> None:
             tops.append(top)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if step == args.stall_step:
-                torch.cuda._sleep(int(args.stall_s * cycles_per_s))  # a hung kernel
+                torch.cuda._sleep(int(args.stall_s * cycles_per_s))  # noqa: SLF001 - torch's own spin kernel: a hung kernel
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -84,7 +85,7 @@ def main() -> None:
             step += 1
     torch.cuda.synchronize()
     wall_s = time.perf_counter() - started
-    periods = [a.elapsed_time(b) / 1e3 for a, b in zip(tops, tops[1:])]
+    periods = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(tops)]
     warm = periods[5:] if len(periods) > 10 else periods
     # The device's own account: busy from an iteration's top to its optimizer step's end, idle from
     # there to the next top (the device waited for the host: its next batch, a sync, the launch).
@@ -107,7 +108,7 @@ def cycles_per_second() -> float:
     cycles = 100_000_000
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    torch.cuda._sleep(cycles)
+    torch.cuda._sleep(cycles)  # noqa: SLF001 - torch's own spin kernel, timed
     end.record()
     end.synchronize()
     return cycles / (start.elapsed_time(end) / 1e3)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from otel_training._version import __version__
 
 if TYPE_CHECKING:
-    from otel_training.config.options import ConfigError
+    from otel_training.config.parsers import ConfigError
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess

@@ -51,6 +51,6 @@ def contained(default: Any = None,
                 log_once(key, message, key)
                 return default
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]  # functools.wraps: the same callable F, contained
 
     return decorate

@@ -42,9 +42,32 @@ import threading
 import time
 from collections.abc import Callable
 from threading import get_ident
-from typing import Any
+from typing import TYPE_CHECKING
 
 from otel_training._native_loader import native as _native
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from otel_training.pipeline.records import FastRecords
+
+    class RingCore(FastRecords, Protocol):
+        """``_native.RingCore`` (``native/module.c``): the ring's C core, as this module calls it."""
+
+        #: Appends are refused once set.
+        closed: bool
+
+        @property
+        def read_seen(self) -> int: ...
+        @property
+        def ends_written(self) -> int: ...
+        @property
+        def corrupt(self) -> int: ...
+        def append(self, payload: bytes, begin: bool | None, /) -> int: ...
+        def take(self, max_bytes: int, /) -> list[bytes]: ...
+        def load(self, offset: int, /) -> int: ...
+        def store(self, offset: int, value: int, /) -> None: ...
+        def release(self) -> None: ...
 
 _MAGIC = 0x4F54_5452_494E_4731  # "OTTRING1"
 HEADER = 4096
@@ -92,7 +115,7 @@ class Ring:
         self._mm = mm
         extension = _native(mode)
         #: The C core, or None: this file's Python does the same.
-        self._core: Any = extension.RingCore(mm, create) if extension is not None else None
+        self._core: RingCore | None = extension.RingCore(mm, create) if extension is not None else None
         if self._core is None and create:
             _U64.pack_into(mm, _F_MAGIC, _MAGIC)
             _U64.pack_into(mm, _F_CAPACITY, len(mm) - HEADER)
@@ -102,8 +125,8 @@ class Ring:
         self.capacity = len(mm) - HEADER
         self._data = memoryview(mm)[HEADER:HEADER + self.capacity]
         self._lock = threading.Lock()
-        self._write = _U64.unpack_from(mm, _F_WRITE)[0]
-        self._read_seen = _U64.unpack_from(mm, _F_READ)[0]
+        self._write: int = _U64.unpack_from(mm, _F_WRITE)[0]
+        self._read_seen: int = _U64.unpack_from(mm, _F_READ)[0]
         self._read = self._read_seen  # the reader's own position: never taken back from shared memory
         #: When the reader was last seen to advance (monotonic), and the thread inside a write.
         self._progress_at = time.monotonic()
@@ -126,7 +149,7 @@ class Ring:
         """Whether the C core serves this ring."""
         return self._core is not None
 
-    def fast_records(self) -> Any:
+    def fast_records(self) -> FastRecords | None:
         """The C core's writer of fast span records (``pipeline.records.FastRecords``), or None on the fallback.
 
         It writes them only once the drain has said it reads them (``DRAIN_FIELDS["caps"]``); until then, and
@@ -251,7 +274,7 @@ class Ring:
                 self._owner = None
 
     def _room(self, size: int) -> bool:
-        read = _U64.unpack_from(self._mm, _F_READ)[0]
+        read: int = _U64.unpack_from(self._mm, _F_READ)[0]
         if read > self._write:  # a damaged header: full, and not kept (the next write looks again)
             return False
         if read != self._read_seen:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import metrics as metrics_api
@@ -29,7 +29,26 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from otel_training import _native_loader
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from opentelemetry.sdk._configuration import _BaseConfigurator as BaseConfigurator
+    from opentelemetry.sdk.trace import Event
+    from opentelemetry.trace import Link
+
+    class _ProbeFields(TypedDict):
+        """The ``ReadableSpan`` arguments ``_reads_sdk_fields`` probes with."""
+
+        name: str
+        context: SpanContext
+        parent: SpanContext
+        resource: Resource
+        attributes: BoundedAttributes
+        events: BoundedList[Event]
+        links: BoundedList[Link]
+        kind: SpanKind
+        status: Status
+        start_time: int
+        end_time: int
 
 __all__ = [
     "SPAN_CONTEXT_IS_TUPLE",
@@ -106,7 +125,7 @@ def instrumentation_check(native: bool | None = None) -> Callable[[], bool]:
 
     pair = _suppression_key_pair()
     if pair is None:
-        return utils.is_instrumentation_enabled  # type: ignore[no-any-return]
+        return utils.is_instrumentation_enabled
     key, plain = pair
     # The SDK's default runtime context keeps the current context in one ContextVar: read it directly (one C
     # call instead of two Python frames; a cold frame costs about a microsecond in a training loop). Any
@@ -114,7 +133,7 @@ def instrumentation_check(native: bool | None = None) -> Callable[[], bool]:
     variable = _current_context_variable()
     extension = _native_loader.at_import(native) if variable is not None else None
     if extension is not None:
-        return extension.InstrumentationEnabled(variable, key, plain)  # type: ignore[no-any-return]
+        return extension.InstrumentationEnabled(variable, key, plain)  # type: ignore[no-any-return]  # the C extension has no stubs: a callable returning bool
     get_current = variable.get if variable is not None else context_api.get_current
 
     def enabled() -> bool:
@@ -213,7 +232,7 @@ def tracer_for_pipeline(resource: Resource, pipeline: SpanProcessor, sampler: Sa
     stuck span itself (same resource, processors and exporter); the SDK offers
     no public way to get a tracer from a span.
     """
-    return SdkTracer(sampler, resource, pipeline, ids, None, SpanLimits(), scope)  # type: ignore[arg-type]
+    return SdkTracer(sampler, resource, pipeline, ids, None, SpanLimits(), scope)  # type: ignore[arg-type]  # any processor does, not only the SDK's two multi-processors; the deprecated info is None
 
 
 def _reads_sdk_fields() -> bool:
@@ -226,7 +245,7 @@ def _reads_sdk_fields() -> bool:
     reading its fields is safe; this check keeps an SDK that stores them
     otherwise on the public properties.
     """
-    fields = {"name": "probe", "context": SpanContext(1, 2, is_remote=False),
+    fields: _ProbeFields = {"name": "probe", "context": SpanContext(1, 2, is_remote=False),
               "parent": SpanContext(1, 3, is_remote=True), "resource": Resource({}),
               "attributes": BoundedAttributes(attributes={"k": 1}), "events": BoundedList(1),
               "links": BoundedList(1), "kind": SpanKind.CLIENT, "status": Status(StatusCode.ERROR, "probe"),
@@ -234,7 +253,7 @@ def _reads_sdk_fields() -> bool:
     span = ReadableSpan(**fields)
     try:
         return (all(getattr(span, "_" + name) is value for name, value in fields.items())
-                and dict(fields["attributes"]._dict) == {"k": 1}
+                and dict(fields["attributes"]._dict) == {"k": 1}  # noqa: SLF001 - the SDK field span_fields reads
                 and (fields["attributes"].dropped, fields["events"].dropped, fields["links"].dropped)
                 == (span.dropped_attributes, span.dropped_events, span.dropped_links) == (0, 0, 0))
     except AttributeError:
@@ -274,10 +293,10 @@ def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
     """(context, parent, name, kind, start, end, attributes, events, links, status, and the three
     dropped counts) of a finished span, as cheaply as this SDK allows."""
     if READS_SDK_FIELDS and type(span) is ReadableSpan:
-        attributes, events, links = span._attributes, span._events, span._links
+        attributes, events, links = span._attributes, span._events, span._links  # noqa: SLF001 - the SDK's fields: its properties copy them under a lock
         # What the dropped_* properties compute, without three more calls.
-        return (span._context, span._parent, span._name, span._kind, span._start_time, span._end_time,
-                attributes, events, links, span._status,
+        return (span._context, span._parent, span._name, span._kind, span._start_time, span._end_time,  # noqa: SLF001 - the SDK's fields, one property call each saved
+                attributes, events, links, span._status,  # noqa: SLF001 - the SDK's field behind .status
                 attributes.dropped if type(attributes) is BoundedAttributes else span.dropped_attributes,
                 events.dropped if type(events) is BoundedList else span.dropped_events,
                 links.dropped if type(links) is BoundedList else span.dropped_links)
@@ -286,11 +305,11 @@ def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
             span.dropped_attributes, span.dropped_events, span.dropped_links)
 
 
-def attribute_items(attributes: Any) -> Iterable[tuple[str, Any]]:
+def attribute_items(attributes: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
     """The items of a span's attributes without the proxy ``BoundedAttributes.items()`` builds."""
     if READS_SDK_FIELDS and type(attributes) is BoundedAttributes:
-        return attributes._dict.items()
-    return attributes.items()  # type: ignore[no-any-return]
+        return attributes._dict.items()  # noqa: SLF001 - BoundedAttributes' own dict, checked by _reads_sdk_fields
+    return attributes.items()
 
 
 #: ``span_context.trace_id`` without the property's Python frame where the context is that tuple (one C call).

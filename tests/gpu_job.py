@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fake_nvml import T0, Clock, FakeGpu, FakeNvml, S
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -22,8 +23,6 @@ from otel_training import semconv as sc
 from otel_training.exporters.otlp_json import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, trace_file
 from otel_training.hardware.gpu_state import GpuState
 from otel_training.hardware.metrics import register_metrics
-
-from fake_nvml import S, T0, Clock, FakeGpu, FakeNvml
 
 JOB = "gpu-job"
 #: Seconds between samples: a 1 s step sees two or three.

@@ -43,7 +43,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, received: Received) -> None:
         self.received = received
 
-    def Export(self, request, context):  # noqa: N802 - generated name
+    def Export(self, request, context):
         self.received.add(request, dict(context.invocation_metadata()))
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -66,7 +66,7 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
     received = Received()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             if self.path == "/v1/traces":
                 request = trace_service_pb2.ExportTraceServiceRequest()

@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from environ import child_environ
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
-
-from environ import child_environ
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord, account, ideal_step_time

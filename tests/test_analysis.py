@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import goodput_traces as crafted
 import pytest
 
 from otel_training import semconv as sc
@@ -20,8 +21,6 @@ from otel_training.analysis import (
     step_stats,
     straggler_scores,
 )
-
-import goodput_traces as crafted
 
 
 def test_job_goodput_and_badput_match_the_hand_computation() -> None:

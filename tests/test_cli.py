@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import goodput_traces as crafted
 import pytest
 
-import goodput_traces as crafted
 from otel_training._version import __version__
 
 
@@ -159,7 +159,7 @@ def test_the_readmes_own_loop_runs_as_written_and_counts_its_data_wait_as_data_l
     namespace = {"epochs": 2, "loader": Loader(), "train_step": lambda batch: time.sleep(0.01) or 0.5,
                  "evaluate": lambda: time.sleep(0.01), "save_checkpoint": lambda path: None,
                  "ckpt_path": str(tmp_path / "ckpt.pt")}
-    exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(snippet, "README.md", "exec"), namespace)
     import otel_training
 
     otel_training.get_telemetry().shutdown(timeout_s=10)

@@ -544,7 +544,7 @@ def test_durations_are_also_our_spans_with_our_attribute_names(
     (log_event,) = spans[sc.SPAN_TRAIN]["events"]
     assert log_event["attributes"][sc.LOSS] == 0.25 and log_event["attributes"][sc.STEP] == 5
     # ... while the log keeps DLRover's keys.
-    assert {"global_step": 5, "batch_size": 8, "note": "n"} == log.records()[1]["content"]
+    assert log.records()[1]["content"] == {"global_step": 5, "batch_size": 8, "note": "n"}
 
 
 # -- DLROVER_EVENT_HOOK_ERROR -------------------------------------------------

@@ -58,7 +58,7 @@ class GenericEvent(Event):
         super().record(FakeCuda.active.stream if stream is None else stream)
 
 
-def GenericStream(device: str) -> Stream:  # noqa: N802 - torch's name
+def GenericStream(device: str) -> Stream:
     assert device == "cuda:0"
     return Stream(0, FakeCuda.active.side_busy_until_ns)
 
@@ -86,7 +86,7 @@ class FakeCuda:
         self.Event = Event
         self.graphs = type("graphs", (), {"CUDAGraph": type("CUDAGraph", (CUDAGraph,), {})})
 
-    def Stream(self, device: int = 0) -> Stream:  # noqa: N802 - torch's name
+    def Stream(self, device: int = 0) -> Stream:
         return Stream(device, self.side_busy_until_ns)
 
     def current_device(self) -> int:

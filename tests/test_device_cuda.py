@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 OTEL_TRAINING = str(Path(sys.executable).parent / "otel-training")
 LOOP = str(REPO / "examples" / "cuda_plain_loop.py")
 from cuda_plain_loop import cycles_per_second as _cycles_per_second  # noqa: E402  (stalls the GPU)
+
 THRESHOLD_S = 1.0
 
 

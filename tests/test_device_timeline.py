@@ -22,23 +22,23 @@ from __future__ import annotations
 
 import statistics
 import threading
+from typing import Any
 
 import pytest
-from typing import Any
 from fake_device import FakeDevice
 from otlp_json import read_spans
+from waiting import wait_until
 
 import otel_training
 from otel_training import semconv as sc
 from otel_training.analysis import account
+from otel_training.analysis.stragglers import WINDOW
 from otel_training.events import device as device_module
 from otel_training.events import device_probe
-from otel_training.analysis.stragglers import WINDOW
 from otel_training.report.job import build_report
 from otel_training.report.reader import read_paths
 from otel_training.report.stream import digest_file
 from otel_training.report.summary import render_summary
-from waiting import wait_until
 
 THRESHOLD_S = 0.3
 #: Markers the host may run ahead of the device (two per step): a pinned-memory copy or a full launch queue.

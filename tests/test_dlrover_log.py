@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from opentelemetry.sdk.trace import TracerProvider
 
 import otel_training

@@ -168,7 +168,7 @@ class _FakeCudaTensor:
     dtype = "float32"
     shape = (1,)
 
-    class device:  # noqa: N801
+    class device:
         type = "cuda"
 
     def item(self) -> float:
@@ -199,7 +199,7 @@ def test_odd_attribute_values_never_raise(configure) -> None:
         42: "int key",
     }
     with trainer.step(global_step=1, **{k: v for k, v in odd.items() if isinstance(k, str)}) as step:
-        step.extra_args(**{"more": object()})
+        step.extra_args(more=object())
         trainer.instant("#odd", odd)
     (span,) = [s for s in _spans(telemetry) if s["name"] == "training.step"]
     attributes = span["attributes"]
@@ -466,8 +466,9 @@ def test_big_integers_and_lone_surrogates_are_kept_as_text(configure, caplog: py
 
 def test_an_error_whose_str_raises_still_fails_and_ends_the_span(configure) -> None:
     # Issue 13 item 3: fail(obj) and an exception leaving a with block, where str() raises.
-    import otel_training
     from otlp_json import read_spans
+
+    import otel_training
 
     class Unprintable(Exception):
         def __str__(self) -> str:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from environ import child_environ
 from otlp_json import read_spans
+from waiting import wait_until
 
 import otel_training
 from otel_training import semconv as sc
-from waiting import wait_until
 
 STATUS_ERROR = 2
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gil_share import _CALLS_THROUGH, summarise
 
 

@@ -7,19 +7,18 @@ import logging
 import threading
 from typing import Any
 
+import goodput_traces as crafted
 import pytest
 from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
+from waiting import wait_until
 
 from otel_training import _contain
 from otel_training import semconv as sc
 from otel_training.processors import goodput
 from otel_training.processors.goodput import GoodputSpanProcessor
-
-import goodput_traces as crafted
-from waiting import wait_until
 
 
 class Pipeline:
@@ -163,7 +162,7 @@ def test_configure_installs_it_and_the_file_exporter_writes_the_metrics(configur
 
 def test_goodput_option_off_installs_nothing(configure) -> None:
     telemetry = configure(exporter="none", goodput=False, offload=False)
-    processors = telemetry.tracer_provider._active_span_processor._span_processors  # noqa: SLF001
+    processors = telemetry.tracer_provider._active_span_processor._span_processors
     assert not any(isinstance(processor, GoodputSpanProcessor) for processor in processors)
 
 

@@ -18,16 +18,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_nvml import T0, Clock, FakeNvml
 from opentelemetry.sdk.trace import TracerProvider
+from test_responder import _answering_pair
 
 from otel_training import _contain
 from otel_training import semconv as sc
 from otel_training.hardware.gpu_state import MAX_ASKS, GpuState
 from otel_training.pipeline.offload import OffloadTelemetry
 from otel_training.pipeline.responder import Requests, cuda_uuid
-
-from fake_nvml import T0, Clock, FakeNvml
-from test_responder import _answering_pair
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -197,9 +196,9 @@ def test_the_hello_carries_the_uuid_only_where_cuda_is_already_up(monkeypatch: p
 
 
 def test_the_drain_hands_the_hello_and_the_question_to_the_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_training.config.options import resolve
     from otel_training.hardware import setup
     from otel_training.pipeline.plugins import install_plugins
-    from otel_training.config.options import resolve
     from otel_training.pipeline.telemetry import Telemetry
 
     seen: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_nvml import T0, Clock, FakeGpu, FakeNvml, S
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -38,8 +39,6 @@ from otel_training.pipeline.drain import Replayer, _Recorded
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.processors import alert_context
 from otel_training.processors.stuck_actions import RemoteStacks
-
-from fake_nvml import S, T0, Clock, FakeGpu, FakeNvml
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,18 @@ from __future__ import annotations
 import time
 
 from otel_training import semconv as sc
-from otel_training.analysis.gpu import (GpuError, GpuErrors, GpuView, alert_view, explain, reason_mask,
-                                        reason_names, step_errors, step_state, window_view)
+from otel_training.analysis.gpu import (
+    GpuError,
+    GpuErrors,
+    GpuView,
+    alert_view,
+    explain,
+    reason_mask,
+    reason_names,
+    step_errors,
+    step_state,
+    window_view,
+)
 from otel_training.analysis.hang import GroupView, RankView, render, verdict
 from otel_training.analysis.hang_episodes import LOOKBACK_NS, StuckSpan, episodes
 

@@ -157,7 +157,7 @@ def test_set_attributes_in_c_keeps_what_the_python_span_keeps(rig: Rig, given: A
         span.set_attributes(given)
         span.end(50)
         span.set_attributes({"late": 1})  # ended: ignored by both
-    native, python = (dict(span._updates or {}) for span in spans)  # noqa: SLF001 - what each end record carries
+    native, python = (dict(span._updates or {}) for span in spans)
     assert native == python and "late" not in native and native["first"] is True
     ends = _spans(rig.records(), END)
     assert ends[0][3] == native  # the C end record carries them

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from environ import child_environ
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
-from environ import child_environ
 from otlp_json import read_spans
 from waiting import wait_until
 
@@ -193,7 +193,7 @@ def test_a_record_the_drain_cannot_decode_is_counted_as_dropped_and_the_rest_are
         pass
     # As damaged shared memory would leave them: an end record whose end time is text, and bytes that are no
     # record at all. Written as the training process writes its records, so they count as written ends.
-    ring = telemetry._ring  # noqa: SLF001 - the ring this pipeline writes, damaged on purpose
+    ring = telemetry._ring
     assert ring.write(marshal.dumps((END, 12345, "later")), False) and ring.write(b"\xff\x00garbage", False)
     with trainer.step(global_step=1):
         pass
@@ -210,8 +210,8 @@ def test_a_dead_drain_costs_training_nothing_and_every_lost_span_is_counted(offl
     with trainer.step(global_step=0):
         pass
     assert telemetry.force_flush(timeout_s=30).exported == 1
-    telemetry._drain.kill()  # noqa: SLF001
-    telemetry._drain.wait(30)  # noqa: SLF001
+    telemetry._drain.kill()
+    telemetry._drain.wait(30)
     for step in range(1, 20_001):  # more than the ring holds: no wait (the drain is gone), drops counted
         with trainer.step(global_step=step):
             pass
@@ -288,8 +288,8 @@ def test_the_drain_reports_back_through_the_ring(offloaded: Any) -> None:
     with otel_training.TrainerProcess().step(global_step=1):
         pass
     telemetry.force_flush(timeout_s=30)
-    ring = telemetry._ring  # noqa: SLF001
-    assert ring.get(DRAIN_FIELDS["pid"]) == telemetry._drain.pid  # noqa: SLF001
+    ring = telemetry._ring
+    assert ring.get(DRAIN_FIELDS["pid"]) == telemetry._drain.pid
     assert ring.get(DRAIN_FIELDS["replayed"]) >= 1 and ring.get(DRAIN_FIELDS["exported"]) >= 1
     assert context_api.get_current() == context_api.get_current()  # nothing left attached
 
@@ -318,7 +318,6 @@ def test_otel_training_run_stays_in_process_where_offload_cannot_run(tmp_path: P
     import argparse
 
     from otel_training.cli.run import build_environment
-
     from otel_training.pipeline import offload as offload_module
 
     def unsupported(mode: str = "auto") -> str:
@@ -367,8 +366,8 @@ def test_values_marshal_cannot_carry_are_kept_as_the_sdk_keeps_them_and_nothing_
 def test_a_dead_drain_counts_its_spans_as_dropped_at_once_not_as_pending(offloaded: Any) -> None:
     telemetry = offloaded()
     trainer = otel_training.TrainerProcess()
-    telemetry._drain.kill()  # noqa: SLF001
-    telemetry._drain.wait(30)  # noqa: SLF001
+    telemetry._drain.kill()
+    telemetry._drain.wait(30)
     for step in range(1000):
         with trainer.step(global_step=step):
             pass
@@ -429,7 +428,7 @@ def test_trace_flags_and_record_only_decisions_are_the_sdks() -> None:
 def test_shutdown_reaps_the_drain(offloaded: Any) -> None:
     telemetry = offloaded()
     telemetry.shutdown(timeout_s=30)
-    assert telemetry._drain.returncode == 0  # noqa: SLF001 - waited for: no zombie left
+    assert telemetry._drain.returncode == 0
 
 
 def test_the_device_timeline_offloaded_times_steps_on_the_device_and_alerts_the_host_between_them(
@@ -476,12 +475,12 @@ def test_the_drain_outlives_a_sigterm_sent_to_every_process_of_the_job(offloaded
     trainer = otel_training.TrainerProcess()
     with trainer.step(global_step=0):
         pass
-    os.kill(telemetry._drain.pid, signal.SIGTERM)  # noqa: SLF001 - as scancel does
+    os.kill(telemetry._drain.pid, signal.SIGTERM)
     for step in range(1, 11):  # the training process handles its own signal: ends and flushes its spans
         with trainer.step(global_step=step):
             pass
     result = telemetry.shutdown(timeout_s=30)
-    assert result.completed and result.exported == 11 and telemetry._drain.returncode == 0  # noqa: SLF001
+    assert result.completed and result.exported == 11 and telemetry._drain.returncode == 0
 
 
 def test_lineage_set_in_the_training_process_is_stamped_on_its_offloaded_spans(offloaded: Any) -> None:

@@ -46,7 +46,7 @@ def _attributes() -> list[Any]:
 def _made(content: Any, attributes: Any) -> tuple[dict[str, Any], Any]:
     trainer = TrainerProcess()
     step = duration_module.Duration(trainer, "training.step", content, event_name="#step", attributes=attributes)
-    return step.attributes, step._late  # noqa: SLF001 - what the span would carry, and what is read later
+    return step.attributes, step._late
 
 
 def test_the_c_path_gives_the_python_paths_attributes_for_any_content(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,16 +13,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import goodput_traces as crafted
 import pytest
 
 from otel_training import semconv as sc
-from otel_training.report import Problem, build_report, read_paths, render_html, render_summary, write_chrome_trace
-from otel_training.report import reader
+from otel_training.report import (
+    Problem,
+    build_report,
+    read_paths,
+    reader,
+    render_html,
+    render_summary,
+    write_chrome_trace,
+)
 from otel_training.report import jaeger as jaeger_module
 from otel_training.report.files import report_files
 from otel_training.report.jaeger import fetch, spool
-
-import goodput_traces as crafted
 
 
 def _check_crafted(report: Any) -> None:
@@ -162,7 +168,7 @@ def _serving(answer: Any) -> Iterator[tuple[str, list[str]]]:
     requests: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             requests.append(self.path)
             status, body = answer(self.path)
             self.send_response(status)
@@ -569,9 +575,9 @@ def test_the_html_timeline_shows_stuck_time_as_the_breakdown_counts_it_and_folds
     repeat alerts each opened with every thread's stack."""
     import types
 
-    from otel_training.report.digest import Alert
     from otel_training.report.alerts_view import alerts_html as _alerts
     from otel_training.report.alerts_view import stuck_intervals
+    from otel_training.report.digest import Alert
 
     crafted.write_otlp(tmp_path / "traces")
     report = build_report(read_paths([tmp_path / "traces"]).records)

@@ -20,14 +20,13 @@ from typing import Any
 
 import pytest
 from report_figures import figures
+from report_job import generate  # bench/report_job.py (pythonpath in pyproject.toml)
 
 import otel_training
 from otel_training import semconv as sc
 from otel_training.report import dedupe, read_paths
 from otel_training.report.files import report_files
 from otel_training.report.machine import report_json
-
-from report_job import generate  # bench/report_job.py (pythonpath in pyproject.toml)
 
 
 def _figures(report: Any) -> dict[str, Any]:

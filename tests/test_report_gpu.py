@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_nvml import T0, S
+from gpu_job import Rank, collective
 
 from otel_training import semconv as sc
 from otel_training.report import build_report, read_paths, render_html, render_summary
 from otel_training.report.files import report_files
 from otel_training.report.gpu_metrics import MAX_POINTS, GpuSeries, metrics_files, plot_ranks, read_series
 from otel_training.report.machine import report_json
-
-from fake_nvml import S, T0
-from gpu_job import Rank, collective
 
 THROTTLED = "SM clock 1.41 GHz vs 1.98 GHz median, power cap"
 

@@ -12,11 +12,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import goodput_traces as crafted
 import pytest
 
 from otel_training.report import build_report, read_paths, render_html
-
-import goodput_traces as crafted
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -61,8 +60,8 @@ def test_plots_drawn_by_forked_processes_are_the_plots_drawn_here(tmp_path: Path
     report = build_report(result.records, result.problems)
     drawn_by = tmp_path / "drawn-by"
 
-    def recording(plot):  # noqa: ANN001, ANN202
-        def draw(report):  # noqa: ANN001, ANN202
+    def recording(plot):
+        def draw(report):
             with drawn_by.open("a") as out:
                 out.write(f"{os.getpid()}\n")
             return plot(report)

@@ -14,6 +14,7 @@ from typing import Any
 import goodput_traces as crafted
 import pytest
 from report_figures import CASES, figures
+from report_job import generate  # bench/report_job.py (pythonpath in pyproject.toml)
 
 from otel_training.analysis.goodput import RunAccountant
 from otel_training.report import (
@@ -26,8 +27,6 @@ from otel_training.report import (
 )
 from otel_training.report import files as report_files_module
 from otel_training.report.files import report_files
-
-from report_job import generate  # bench/report_job.py (pythonpath in pyproject.toml)
 
 FROZEN = json.loads((Path(__file__).parent / "fixtures" / "report_figures.json").read_text())
 

@@ -170,7 +170,7 @@ def test_a_reader_alive_but_not_reading_stalls_a_writer_once_not_on_every_record
 # -- the fallback's signal window; the native append has none --------------------------------------------
 def test_a_signal_handler_that_interrupts_a_fallback_write_drops_its_record_instead_of_deadlocking() -> None:
     ring, reader = _pair(4096, "off")
-    append = ring._append  # noqa: SLF001 - the window between bytecodes, made deterministic
+    append = ring._append
     nested: list[bool] = []
 
     def interrupted(payload: bytes, size: int) -> None:  # as if a signal handler ran in the middle
@@ -178,7 +178,7 @@ def test_a_signal_handler_that_interrupts_a_fallback_write_drops_its_record_inst
             nested.append(ring.write(b"from the handler", False))
         append(payload, size)
 
-    ring._append = interrupted  # type: ignore[method-assign]  # noqa: SLF001
+    ring._append = interrupted  # type: ignore[method-assign]
     assert ring.write(b"outer", True)
     assert nested == [False] and ring.dropped_ends == 1
     assert reader.read() == [b"outer"]
@@ -222,7 +222,7 @@ def test_a_length_past_what_was_published_is_skipped_and_counted_not_followed(mo
     assert ring.write(b"good", True)
     assert reader.read() == [b"good"]
     assert ring.write(b"x" * 40, True)
-    struct.pack_into("<I", ring._mm, HEADER + 8, 10_000)  # noqa: SLF001 - damage the second record's length
+    struct.pack_into("<I", ring._mm, HEADER + 8, 10_000)
     assert reader.read() == [] and reader.corrupt == 1
     assert reader.used() == 0  # skipped to what was published: the writer gets its room back
     assert ring.write(b"after", True) and reader.read() == [b"after"]
@@ -231,15 +231,15 @@ def test_a_length_past_what_was_published_is_skipped_and_counted_not_followed(mo
 def test_a_write_position_no_writer_could_publish_is_refused(mode: str) -> None:
     ring, reader = _pair(256, mode)
     assert ring.write(b"a" * 10, True)
-    _U64.pack_into(ring._mm, _F_WRITE, 1 << 50)  # noqa: SLF001 - far past the capacity
+    _U64.pack_into(ring._mm, _F_WRITE, 1 << 50)
     assert reader.read() == [] and reader.corrupt == 1
-    _U64.pack_into(ring._mm, _F_WRITE, 0)  # noqa: SLF001 - behind the reader's own position
+    _U64.pack_into(ring._mm, _F_WRITE, 0)
     assert reader.read() == [] and reader.corrupt == 2
 
 
 def test_a_truncated_length_prefix_is_corruption(mode: str) -> None:
     ring, reader = _pair(64, mode)
-    _U64.pack_into(ring._mm, _F_WRITE, 2)  # noqa: SLF001 - two bytes: not even a length
+    _U64.pack_into(ring._mm, _F_WRITE, 2)
     assert reader.read() == [] and reader.corrupt == 1
 
 
@@ -248,10 +248,10 @@ def test_a_reader_position_ahead_of_the_writer_reads_as_full_never_as_room(mode:
     reader = Ring.attach(os.dup(ring.fd), mode)
     assert ring.write(b"A" * 28, True) and ring.write(b"B" * 28, True)  # full: the next write looks at the reader
     for damaged in (1 << 40, 69):  # far ahead, and just ahead (room would be computed from it wrongly)
-        _U64.pack_into(ring._mm, _F_READ, damaged)  # noqa: SLF001 - a damaged header
+        _U64.pack_into(ring._mm, _F_READ, damaged)
         assert [ring.write(b"x" * 8, True) for _ in range(3)] == [False] * 3  # every time, not only the first
     assert ring.dropped_begins == 6
-    _U64.pack_into(ring._mm, _F_READ, 0)  # noqa: SLF001 - repaired: the unread records were never overwritten
+    _U64.pack_into(ring._mm, _F_READ, 0)
     assert reader.read() == [b"A" * 28, b"B" * 28]
 
 
@@ -261,7 +261,7 @@ def test_a_mapping_that_is_not_a_ring_is_refused(mode: str, tmp_path: object) ->
     with pytest.raises(ValueError, match="does not hold an otel-training ring"):
         Ring.attach(fd, mode)
     ring = Ring.create(64, mode)
-    _U64.pack_into(ring._mm, 8, 1 << 20)  # noqa: SLF001 - a capacity bigger than the mapping
+    _U64.pack_into(ring._mm, 8, 1 << 20)
     with pytest.raises(ValueError, match="does not hold an otel-training ring"):
         Ring.attach(os.dup(ring.fd), mode)
 
@@ -274,7 +274,7 @@ def test_the_rings_size_is_sealed_so_no_one_can_shrink_it_under_the_reader(mode:
         os.ftruncate(ring.fd, HEADER + 128)
     unsealed = os.memfd_create("unsealed")
     os.ftruncate(unsealed, HEADER + 64)
-    os.write(unsealed, ring._mm[:HEADER])  # noqa: SLF001 - a valid header, but its size could change
+    os.write(unsealed, ring._mm[:HEADER])
     with pytest.raises(ValueError, match="does not hold an otel-training ring"):
         Ring.attach(unsealed, mode)
 
@@ -286,7 +286,7 @@ def test_hostile_bytes_never_crash_a_reader_and_every_record_fits_the_ring(mode:
     generator = random.Random(7)
     for _ in range(300):
         ring, reader = _pair(generator.choice((8, 64, 333)), mode)
-        mm = ring._mm  # noqa: SLF001
+        mm = ring._mm
         mm[HEADER:] = bytes(generator.getrandbits(8) for _ in range(len(mm) - HEADER))
         _U64.pack_into(mm, _F_WRITE, generator.choice((0, 3, 7, 64, 333, 1 << 63, generator.getrandbits(64))))
         for _ in range(3):

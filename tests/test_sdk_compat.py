@@ -15,12 +15,11 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import otel_training
 from otel_training import _native_loader, _sdk_compat
@@ -58,7 +57,7 @@ def test_an_unknown_processor_has_no_queue_length() -> None:
 
 def test_the_api_placeholder_meter_provider_is_recognised() -> None:
     assert not _sdk_compat.is_proxy_meter_provider(MeterProvider(shutdown_on_exit=False))
-    placeholder = metrics_api._internal._ProxyMeterProvider()  # noqa: SLF001 - what the API hands out before set
+    placeholder = metrics_api._internal._ProxyMeterProvider()
     assert _sdk_compat.is_proxy_meter_provider(placeholder)
 
 

@@ -328,7 +328,7 @@ def test_python_code_run_mid_begin_or_end_frees_nothing_c_still_reads(tracking, 
         @property
         def forget(self) -> Callable[[int], None]:
             span._context = None
-            [object() for _ in range(1000)]  # noqa: B018 - reuse the freed memory, if any
+            [object() for _ in range(1000)]
             return forgotten.append
 
     runtime = tracker._rt

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import goodput_traces as crafted
 import pytest
 
 from otel_training import semconv as sc
@@ -17,8 +18,6 @@ from otel_training.analysis import LiveIndividual, RunKey, SpanRecord, current_i
 from otel_training.analysis.stragglers import DEFAULT_THRESHOLD, WINDOW
 from otel_training.cli.main import main
 from otel_training.report import build_report, render_summary
-
-import goodput_traces as crafted
 
 
 def _jittered(durations: list[float], seed: int, spread: float = 0.03) -> list[float]:

@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from clocks import FakeClock
+from environ import child_environ
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from clocks import FakeClock
-from environ import child_environ
 from otlp_json import read_spans
 from waiting import wait_until
 
@@ -377,13 +377,13 @@ def test_a_stop_right_after_the_watcher_found_an_alert_due_still_raises_it() -> 
         def __exit__(self, *exc: object) -> None:
             super().__exit__(*exc)
             if threading.current_thread().name == "otel-training-stuck" and not stopped_after_due.is_set():
-                if processor._scan(processor._clock())[0]:  # noqa: SLF001 - it broke out with an alert due
+                if processor._scan(processor._clock())[0]:
                     stopped_after_due.set()
                     with self:
-                        processor._stopping = True  # noqa: SLF001
+                        processor._stopping = True
                         self.notify_all()
 
-    processor._cond = StopOnRelease(threading.Lock())  # noqa: SLF001
+    processor._cond = StopOnRelease(threading.Lock())
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(processor)
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -184,7 +184,7 @@ class _WatchdogSlot:
     def __init__(self) -> None:
         self.span_id, self.alerts, self.marked = 0, 0, []
 
-    def begin(self, span, parent_context, start_s, threshold_s) -> None:  # noqa: ANN001
+    def begin(self, span, parent_context, start_s, threshold_s) -> None:
         pass
 
     def end(self, span_id: int) -> None:
@@ -204,7 +204,7 @@ def test_a_span_the_watchdog_alerted_on_while_frozen_is_one_episode_whoever_aler
     slot = _WatchdogSlot()
     d = detector(threshold_s=1, first_threshold_s=1, slot=slot)
     acted: list[str] = []
-    d.processor._actions.act = acted.append  # noqa: SLF001 - the action's own tests are elsewhere
+    d.processor._actions.act = acted.append
     step = d.tracer.start_span(sc.SPAN_STEP)
     other = d.tracer.start_span(sc.SPAN_STEP)
     slot.span_id, slot.alerts = step.get_span_context().span_id, 3

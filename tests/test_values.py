@@ -29,7 +29,7 @@ from otel_training.processors.late_values import SPAN, LateValuesSpanProcessor
 class FakeScalar:
     """A one-element tensor on the fake device: its value exists once the work queued before it is done."""
 
-    class device:  # noqa: N801 - what torch's ``tensor.device`` offers
+    class device:
         type = "fake"
 
         def __str__(self) -> str:

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from environ import child_environ
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from environ import child_environ
 from otlp_json import read_spans
 from waiting import first_value, wait_until
 
@@ -320,7 +320,7 @@ def test_a_process_that_comes_back_and_exits_between_two_polls_still_gets_its_re
     writer.begin(span, None, time.monotonic() - 10, 0.5)
     gone_process = subprocess.Popen([sys.executable, "-c", "pass"])
     watchdog = monitor.Watchdog(SlotReader(tmp_path / "slot"), gone_process.pid, provider, grace_s=0, poll_s=0.01)
-    watchdog._check(watchdog.slot.read())  # noqa: SLF001 - the poll that found it frozen
+    watchdog._check(watchdog.slot.read())
     writer.end(span.get_span_context().span_id)  # back: the step ends, then the process exits cleanly
     writer.close()
     gone_process.wait(timeout=30)

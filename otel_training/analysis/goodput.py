@@ -50,7 +50,7 @@ def normalize_span_id(value: object) -> str:
 #: ``timeline_label`` of every labelled span name, without and with evaluation counted as productive.
 _LABELS: dict[bool, dict[str, str]] = {
     productive: {name: label for name in LABELLED_SPAN_NAMES
-                 if (label := timeline_label(name, productive)) is not None}  # type: ignore[misc]
+                 if (label := timeline_label(name, productive)) is not None}
     for productive in (False, True)
 }
 
@@ -107,6 +107,7 @@ class RunAccountant:
         attributes = record.attributes
         kind = attributes.get(sc.ALERT_KIND)
         span_id = normalize_span_id(attributes.get(sc.ALERT_SPAN_ID, ""))
+        since: int | None  # a start here; below, the start a recovery pops, if any
         if kind == sc.ALERT_KIND_STUCK:
             since = record.start_ns
             try:

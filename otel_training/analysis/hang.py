@@ -128,6 +128,7 @@ def _verdict(ranks: list[RankView]) -> Verdict:
         for r in silent
     ]
     best: tuple[int, str, int, str] | None = None  # (waiters, group, seq, op)
+    group: str | None  # each group's name in the loop; the verdict's group (if any) after it
     for group in sorted({name for r in live for name in r.groups}):
         views = {r.rank: r.groups[group] for r in live if group in r.groups}
         top = max(v.entered for v in views.values())
@@ -205,6 +206,7 @@ def render(result: Verdict, timelines: Mapping[int, list[str]] | None = None) ->
     if not result.hung:
         return []
     lines = [f"Hang verdict: {result.summary}"]
+    culprits: set[int] | tuple[int, ...]  # the culprits' ranks; then, in the loops, one waiting rank's culprits
     culprits = {c.rank for c in result.culprits}
     for rank, text in sorted(result.gpu.items()):
         lines.append(f"  rank {rank} GPU: {text}" + ("" if rank in culprits else

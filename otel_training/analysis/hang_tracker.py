@@ -241,6 +241,7 @@ def verdicts_from_records(records: Iterable[SpanRecord]) -> dict[tuple[str, str]
 
 def _timeline(rank: _Rank) -> list[str]:
     lines = []
+    view: GroupView | None  # each step's in the loop; then the rank's latest, if it has one
     for _end, step, _, view in sorted(rank.timeline):
         lines.append(f"step {step}: last entered {view.op} #{view.entered}, completed #{view.completed}")
     view = rank.view

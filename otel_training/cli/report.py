@@ -6,10 +6,14 @@ import argparse
 import importlib.util
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training.cli.args import fraction, seconds, whole
+
+if TYPE_CHECKING:
+    from otel_training.report.job import JobReport
 
 
 def register(subparsers: Any) -> None:
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     return _write(args, report, paths, paths, html)
 
 
-def _latest_job(args: argparse.Namespace, report: Any) -> str | None:
+def _latest_job(args: argparse.Namespace, report: JobReport) -> str | None:
     """Of several jobs in the input (runs written into one directory), the one that ran last, said on standard
     error with the others; None when there is one, or ``--job``/``--all-jobs`` said which (issue 30: two runs
     read as one job with a restart, "recovery 19.4%, downtime 6.5%")."""
@@ -143,7 +147,8 @@ def _latest_job(args: argparse.Namespace, report: Any) -> str | None:
     return latest
 
 
-def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: list[Any], html: bool) -> int:
+def _write(args: argparse.Namespace, report: JobReport, paths: list[str], spans_from: Sequence[str | Path],
+           html: bool) -> int:
     """Print the summary, write the HTML page and the Chrome trace (of the spans in ``spans_from``)."""
     from otel_training._files import write_private
     from otel_training.report import render_html, render_summary, write_chrome_trace
@@ -191,7 +196,7 @@ def _write(args: argparse.Namespace, report: Any, paths: list[str], spans_from: 
     return status
 
 
-def _written(option: str, path: Path, write: Any) -> bool:
+def _written(option: str, path: Path, write: Callable[[], object]) -> bool:
     """Run ``write``; False, with one line naming the option, the path and why, when the file cannot be written
     (the summary is printed already: the report is not lost, and no traceback reaches the user)."""
     try:

@@ -15,6 +15,7 @@ import difflib
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from typing import Any
 from otel_training.config.parsers import (
     MAX_INT64,
     MAX_SIZE,
-    ConfigError,
     _choice,
     _non_negative,
     _optional,
@@ -38,6 +38,7 @@ from otel_training.config.parsers import (
     _parse_stuck_seconds,
     _positive,
 )
+from otel_training.config.parsers import ConfigError as ConfigError  # re-exported: callers import it from here
 
 ENV_PREFIX = "OTEL_TRAINING_"
 ENV_CONFIG_FILE = "OTEL_TRAINING_CONFIG"
@@ -266,10 +267,10 @@ def _load_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"{ENV_CONFIG_FILE}={path!r}: cannot read the config file: {error}") from None
     try:
         if file.suffix.lower() == ".toml":
-            try:
+            if sys.version_info >= (3, 11):
                 import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+            else:  # Python 3.10
+                import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]  # tomli: the 3.10-only dependency, absent where mypy runs on 3.11
             data = tomllib.loads(raw.decode("utf-8"))
         else:
             data = json.loads(raw.decode("utf-8"))

@@ -26,7 +26,7 @@ from typing import Any
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._text import encodable as _encodable
-from otel_training._text import text
+from otel_training._text import text as text  # re-exported: duration.py and process.py import it from here
 
 MAX_STRING = 1024
 MAX_LIST = 128
@@ -101,7 +101,7 @@ def is_device_scalar(value: Any) -> bool:
     if device is None or getattr(device, "type", "cpu") == "cpu":
         return False
     try:
-        return value.numel() == 1
+        return value.numel() == 1  # type: ignore[no-any-return]  # a tensor's numel() is an int: == gives a bool
     except Exception:  # noqa: BLE001 - not a tensor after all
         return False
 
@@ -265,7 +265,7 @@ def readable(content: Any) -> Mapping[Any, Any] | None:
         return None
     try:
         return dict(itertools.islice(content.items(), MAX_KEYS + 1))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a user's mapping whose items() raises: dropped, never raised into training
         log_once("readable-content", "otel_training: event content is not a readable mapping; it is dropped")
         return None
 

@@ -231,7 +231,7 @@ def _guard(graph: type) -> None:
         original = getattr(graph, name, None)
         if original is not None:
             setattr(graph, name, wrap(original))
-    graph._otel_training_guarded = True  # type: ignore[attr-defined]
+    graph._otel_training_guarded = True  # type: ignore[attr-defined]  # a flag of ours on torch's graph class  # noqa: SLF001 - our own flag, not torch's: _guard_graph_capture reads it
 
 
 _CAPTURING: set[int] = set()

@@ -201,7 +201,8 @@ class DeviceTimeline:
                 break  # the host is still inside the step
             if not step.launched:
                 step.launched = True
-                step.span.set_attribute(sc.STEP_LAUNCHED, True)  # type: ignore[union-attr]
+                step.span.set_attribute(sc.STEP_LAUNCHED, True)  # type: ignore[union-attr]  # not None: _start() set it, on this poll or an earlier one
+            ended: int | None  # declared apart: the assignment below narrows it to int
             if end is _UNRECORDED:
                 ended = max(step.host_end_ns, start_time_of(step.span))
             else:
@@ -254,6 +255,7 @@ class DeviceTimeline:
         if self._gap is not None or rt.host_work > 0 or rt.training is False:
             return  # a checkpoint save or evaluation is no gap, nor is the teardown after training
         pending = self._pending
+        about: _Step | None  # declared apart: the assignment below narrows it to _Step
         if pending:
             about = pending[0]
             if about.span is not None:
@@ -304,7 +306,7 @@ class DeviceTimeline:
             while self._pending and not self.failed and time.monotonic() < deadline:
                 if not self.poll():
                     time.sleep(self._poll_s)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a broken device at shutdown: its open steps are ended as failed, exit goes on
             self._fail("the device timeline failed at shutdown")
         self._abandon("the device work of this step had not completed at shutdown")
 
@@ -337,7 +339,7 @@ _timelines: weakref.WeakSet[DeviceTimeline] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for timeline in list(_timelines):
-        timeline._forked()  # noqa: SLF001
+        timeline._forked()  # noqa: SLF001 - this module's own fork handler for the timelines it made
 
 
 if hasattr(os, "register_at_fork"):

@@ -89,7 +89,7 @@ class NativeDeviceTimeline:
             pass
         try:
             self.recorder.close(timeout_s)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the native resolver failing at shutdown must not stop the exit
             log_once("device-native-close", "otel_training: the native device resolver failed at shutdown")
         self.failed = True
 
@@ -103,7 +103,7 @@ _timelines: weakref.WeakSet[NativeDeviceTimeline] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for timeline in list(_timelines):
-        timeline._forked()  # noqa: SLF001
+        timeline._forked()  # noqa: SLF001 - this module's own fork handler for the timelines it made
 
 
 if hasattr(os, "register_at_fork"):

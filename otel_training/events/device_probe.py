@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from otel_training._contain import log_once
 from otel_training.events.device import Device, DeviceTimeline
@@ -66,7 +66,7 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | Non
         if cuda is None or not cuda.is_initialized():
             return None
         events = str(runtime.telemetry.options.get("device_events", "torch"))
-        factory = lambda: _cuda_device(events)  # noqa: E731
+        factory = lambda: _cuda_device(events)  # noqa: E731 - a one-line factory assigned where the user's would be
     try:
         device = factory()
     except Exception:  # noqa: BLE001 - no device timing rather than no training
@@ -81,7 +81,7 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | Non
     native = isinstance(device, NativeDevice) and runtime.tracer is runtime.telemetry.tracer
     recorder = runtime.telemetry.device_recorder(device.label, device.name) if native else None
     if recorder is not None:  # offloaded with the C core: no Python thread resolves markers here
-        timeline = NativeDeviceTimeline(device, recorder, runtime)
+        timeline = NativeDeviceTimeline(cast(NativeDevice, device), recorder, runtime)  # a recorder only for a NativeDevice
     else:
         timeline = DeviceTimeline(device, runtime)
     runtime.device = timeline

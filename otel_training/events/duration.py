@@ -19,7 +19,7 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -53,7 +53,7 @@ def _plain_attributes() -> Callable[..., dict[str, Any] | None] | None:
     extension = _native_loader.at_import()
     if extension is None:
         return None
-    return extension.PlainAttributes(sc.EVENT_TARGET, sc.EVENT_NAME, _PLAIN_KEYS, MAX_KEYS)  # type: ignore[no-any-return]
+    return extension.PlainAttributes(sc.EVENT_TARGET, sc.EVENT_NAME, _PLAIN_KEYS, MAX_KEYS)  # type: ignore[no-any-return]  # the C extension is untyped: this is its PlainAttributes callable
 
 
 _PLAIN = _plain_attributes()
@@ -116,7 +116,7 @@ class Duration:
             plain: dict[str, Any] | None = {} if type(content) is dict and len(content) <= MAX_KEYS else None
             if plain is not None:
                 for key, value in content.items():
-                    name = _PLAIN_KEYS.get(key) if type(key) is str else None
+                    name = _PLAIN_KEYS.get(key) if type(key) is str else None  # type: ignore[assignment]  # the parameter, already kept in self.name, reused for the key's attribute name (None: not a cached key)
                     kind = type(value)
                     if name is None or not (kind is float or kind is bool
                                             or (kind is int and -_INT64_LIMIT <= value < _INT64_LIMIT)):
@@ -174,18 +174,18 @@ class Duration:
             if rt is None:
                 rt = self._process.events_runtime()
             self._runtime = rt
-            if under is not None and under._span is None:
+            if under is not None and under._span is None:  # noqa: SLF001 - another Duration's span: this class's own state
                 under = None  # a parent whose own begin failed: the context's, as without one
             if under is None:
                 parent = _CURRENT.get()
-                current = _SWITCH.current()
+                current: Span = _SWITCH.current()
             else:
-                parent, current = under, under._span
+                parent, current = under, under._span  # type: ignore[assignment]  # not None: the check above dropped an under whose begin failed  # noqa: SLF001 - another Duration's span: this class's own state
             # Only a trace with a parent Duration in it can outgrow its budget. The usual case: a child of the
             # current span, which is its parent's and within budget (counted here), in one read of the context.
-            if parent is None or parent._span is not current:
+            if parent is None or parent._span is not current:  # noqa: SLF001 - the parent Duration's span: this class's own state
                 span = start_child(rt, self.name, current, self._attributes, parent is not None)
-            elif rt.admit(trace_id_of((holder := parent._segment or current).get_span_context())):
+            elif rt.admit(trace_id_of((holder := parent._segment or current).get_span_context())):  # noqa: SLF001 - the parent Duration's trace segment: this class's own state
                 # within budget: a child of the parent, or of the trace segment it continues in (counted above;
                 # the offloaded tracer's start_child called here, a frame fewer than span_factory's)
                 starter = rt.start_child
@@ -193,7 +193,7 @@ class Duration:
                         else start_child(rt, self.name, holder, self._attributes, False,
                                          holder is current and under is None))
             else:  # the parent continues in a new trace segment, once its trace is over budget
-                context = parent._context_for_child(rt)
+                context = parent._context_for_child(rt)  # noqa: SLF001 - the parent Duration rolls its own trace segment: this class's own protocol
                 if context is None:
                     span = start_child(rt, self.name, current, self._attributes, True, under is None)
                 else:
@@ -208,7 +208,7 @@ class Duration:
             if self._late is not None:
                 late, self._late = self._late, None
                 self._defer(late)
-        except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+        except Exception:  # noqa: BLE001 - contained inline (no wrapper frame on the hot path): begin_failed() logs it
             begin_failed()
         return self
 
@@ -270,7 +270,7 @@ class Duration:
             self.device_step = None
             try:
                 pending[0].end_step(pending[1])
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the device timeline's failure: logged, the host span still ends
                 log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
                          "training continues")
         try:
@@ -297,14 +297,14 @@ class Duration:
             # A NonRecordingSpan (OTEL_SDK_DISABLED) has no parent attribute.
             if getattr(span, "parent", None) is None and self._runtime is not None:
                 self._runtime.forget(span.get_span_context().trace_id)
-        except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+        except Exception:  # noqa: BLE001 - contained inline (no wrapper frame on the hot path): end_failed() logs it
             end_failed()
 
     def _end_segment(self) -> None:
         status = getattr(self._span, "status", None)
         if status is not None and status.status_code is StatusCode.ERROR:
-            self._segment.set_status(status)  # type: ignore[union-attr]
-        self._segment.end()  # type: ignore[union-attr]
+            self._segment.set_status(status)  # type: ignore[union-attr]  # not None: end() calls this only with a segment
+        self._segment.end()  # type: ignore[union-attr]  # not None: end() calls this only with a segment
 
     # -- outcome ------------------------------------------------------------
     @contained(default=None)
@@ -356,7 +356,7 @@ class Duration:
         self._begin(None)  # begin()'s work, a frame fewer: ``with`` is how most spans begin
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is not None and self._span is not None:
             call_contained(record_error, self._span, exc)
         self.end()
@@ -371,7 +371,7 @@ class Duration:
     def _fresh(self) -> Duration:
         clone = type(self).__new__(type(self))
         Duration.__init__(clone, self._process, self.name, event_name=self.event_name, attributes=self._attributes)
-        clone._init_state()
+        clone._init_state()  # noqa: SLF001 - a subclass's own slots on a clone of the same class: Duration's own hook
         return clone
 
     def _init_state(self) -> None:
@@ -386,14 +386,14 @@ class Duration:
                 async with self._fresh():
                     return await function(*args, **kwargs)
 
-            return async_wrapper  # type: ignore[return-value]
+            return async_wrapper  # type: ignore[return-value]  # functools.wraps: it takes function's arguments and returns its awaitable, as F
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self._fresh():
                 return function(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]  # functools.wraps: it takes function's arguments and returns its result, as F
 
     def __repr__(self) -> str:
         state = "ended" if self._ended else "open" if self._span is not None else "new"

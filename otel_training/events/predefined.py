@@ -118,7 +118,7 @@ class AgentProcess(Process):
     def rendezvous(self, round: int | None = None, **content: Any) -> Duration:  # noqa: A002 - DLRover's name
         return self._span(sc.SPAN_RENDEZVOUS, "#rendezvous", _given(**{sc.ELASTIC_RENDEZVOUS_ROUND: round}), content)
 
-    def network_check(self, round: int | None = None, **content: Any) -> Duration:  # noqa: A002
+    def network_check(self, round: int | None = None, **content: Any) -> Duration:  # noqa: A002 - DLRover's name
         return self._span(sc.SPAN_NETWORK_CHECK, "#network_check",
                           _given(**{sc.ELASTIC_RENDEZVOUS_ROUND: round}), content)
 

@@ -88,7 +88,7 @@ class EventsRuntime:
         self.max_spans: int = telemetry.options["trace_max_spans"]
         self.max_age_s: float = telemetry.options["trace_max_age_s"]
         # trace_id -> [spans begun in it through this API, monotonic start]
-        self._traces: dict[int, list[Any]] = {}
+        self._traces: dict[int, list[float]] = {}
         self._process_spans: dict[str, _ProcessSpan] = {}
         self._lock = threading.Lock()
         #: The device timeline (``events.device``): None until a device is in use, False when turned off.

@@ -64,11 +64,11 @@ class StepDuration(Duration):
         if pending is not None:
             try:
                 pending[0].input_ready(pending[1])
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the device timeline's failure: logged, the step goes on timed on the host
                 log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
                          "device; training continues")
 
-    def begin_detached(self, awaiting_input: bool = False,  # type: ignore[override]
+    def begin_detached(self, awaiting_input: bool = False,
                        rt: EventsRuntime | None = None, detached: bool = True,
                        under: Duration | None = None) -> Duration:
         """Begin without becoming the caller's current span; ``context()`` gives a context where it is.
@@ -84,7 +84,7 @@ class StepDuration(Duration):
         if self._span is None:
             try:
                 if rt is None:  # Process.events_runtime(), inline for its usual case: the runtime it keeps
-                    rt = self._process._runtime  # noqa: SLF001 - the same layer's hot path
+                    rt = self._process._runtime  # noqa: SLF001 - Process.events_runtime()'s kept runtime, read inline: the same layer's hot path
                     if rt is None or rt.closed:
                         rt = self._process.events_runtime()
                 timeline = rt.device
@@ -93,20 +93,20 @@ class StepDuration(Duration):
                     timeline = device_probe.probe(rt)
                 if timeline:
                     parent = _CURRENT.get() if under is None else under
-                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,
+                    step = timeline.begin_step(parent._attributes.get(sc.EPOCH) if parent is not None else None,  # noqa: SLF001 - the parent Duration's attributes: the same class hierarchy's state
                                                awaiting_input)
                     if step is not None:
                         self._attributes[sc.STEP_DEVICE_TIMED] = True
-            except Exception:  # noqa: BLE001 - contained inline: this is the hot path
+            except Exception:  # noqa: BLE001 - contained inline (no wrapper frame on the hot path): the step begins host-timed
                 log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
                          "training continues")
         self._begin(rt, detached, under)
         span = self._span
         if step is not None and span is not None and span.is_recording():
-            if span.parent is not None:  # its device step joins this trace: charge the budget here, once
-                rt.charge(trace_id_of(span.get_span_context()))  # type: ignore[union-attr]
-            timeline.started(step, span)  # type: ignore[union-attr]
-            self.device_step = (timeline, step)  # type: ignore[assignment]
+            if span.parent is not None:  # type: ignore[attr-defined]  # recording spans (the SDK's, RecordSpan) have parent; the API's Span omits it. Its device step joins this trace: charge the budget here, once
+                rt.charge(trace_id_of(span.get_span_context()))  # type: ignore[union-attr]  # not None: a step was begun, so the try above set rt
+            timeline.started(step, span)  # type: ignore[union-attr]  # not None: a step was begun, so the try above set timeline
+            self.device_step = (timeline, step)
         return self
 
     #: ``begin()`` and ``with trainer.step()``: ``begin_detached`` itself, made current (``detached=False`` by
@@ -125,7 +125,7 @@ def new_step(process: Any, name: str, event_name: str, attributes: dict[str, Any
     its keywords packed into a dict: about 5 000 instructions a step more (callgrind), before any of its work."""
     step = _new(StepDuration)
     _init(step, process, name, None, event_name=event_name, attributes=attributes)
-    return step  # type: ignore[no-any-return]
+    return step
 
 
 class HostWork(Duration):
@@ -174,7 +174,7 @@ def _register_step_span() -> None:
     object's class resolves another: a wrapper, an override) and how they log a contained error."""
     extension = _native_loader.at_import(native=True)
     if extension is not None:
-        extension.step_span_setup(_CURRENT, StepDuration.begin_detached, Duration._begin, Duration.end,
+        extension.step_span_setup(_CURRENT, StepDuration.begin_detached, Duration._begin, Duration.end,  # noqa: SLF001 - the C core shortcuts Duration's own begin: it runs it instead for any override
                                   EventsRuntime.admit, begin_failed, end_failed)
 
 

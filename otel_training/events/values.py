@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from opentelemetry.trace import Span
 
@@ -128,7 +128,7 @@ class PendingValues:
         #: Read from the training thread's hot path without the lock: a list, replaced, never mutated.
         self.items: tuple[_Item, ...] = ()
         self._lock = threading.Lock()
-        self._reader: ValueReader | bool | None = False  # False: not looked for yet
+        self._reader: ValueReader | Literal[False] | None = False  # False: not looked for yet
         #: Values described instead of read (no reader, too many pending), and never read in time.
         self.described = 0
         self.unresolved = 0
@@ -182,7 +182,7 @@ class PendingValues:
         done: list[_Item] = []
         for item in self.items:
             try:
-                if reader.ready(item.handle):  # type: ignore[union-attr]
+                if reader.ready(item.handle):
                     done.append(item)
             except Exception:  # noqa: BLE001 - a failed device: described as unresolved by the pipeline
                 done.append(item)
@@ -196,7 +196,7 @@ class PendingValues:
             self.items = tuple(item for item in self.items if id(item) not in gone)
         self.unresolved += len(expired)
         for item in done:
-            self._resolve(reader, item)  # type: ignore[arg-type]
+            self._resolve(reader, item)
 
     def ended(self, span: Span) -> int:
         """``span`` is ending: read what is ready, then how many of its own values are still pending (the
@@ -249,7 +249,7 @@ class PendingValues:
                     self._deliver(span_id, target, {key: converted})
                 else:
                     self.unresolved += 1
-            except Exception:  # noqa: BLE001 - never raise out of the converter
+            except Exception:  # noqa: BLE001 - a failing deliver must not end the converter thread
                 log_once("values-deliver", "otel_training: could not deliver a converted value")
             finally:
                 with self._lock:
@@ -264,15 +264,15 @@ class PendingValues:
                     reader = _reader_factory()
                 elif "torch" in sys.modules:
                     reader = TorchValueReader()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a reader that cannot be made (a user's factory, torch's CUDA): values are described
                 log_once("values-reader", "otel_training: no reader for device values; they are described")
             self._reader = reader
-        return reader  # type: ignore[return-value]
+        return reader
 
     def _resolve(self, reader: ValueReader, item: _Item) -> None:
         try:
             value = attribute_value(reader.read(item.handle)) if item.handle is not None else None
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a value the device could not give: counted unresolved, never raised
             value = None
         if value is None:
             self.unresolved += 1
@@ -282,5 +282,5 @@ class PendingValues:
             return
         try:
             self._deliver(item.span_id, item.target, {item.key: value})
-        except Exception:  # noqa: BLE001 - never raise into the training loop
+        except Exception:  # noqa: BLE001 - poll() runs on the training thread: a failing deliver is logged, not raised
             log_once("values-deliver", "otel_training: could not deliver a device value read late")

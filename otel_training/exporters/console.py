@@ -24,7 +24,7 @@ def format_span(span: ReadableSpan) -> str:
     status_text = "ERROR" if status is StatusCode.ERROR else "OK"
     if status is StatusCode.ERROR and span.status.description:
         status_text += f"({span.status.description})"
-    attributes = " ".join(f"{key}={value}" for key, value in (span.attributes or {}).items())
+    attributes = " ".join(f"{key}={value}" for key, value in (span.attributes or {}).items())  # type: ignore[str-bytes-safe]  # a bytes attribute shows as b'...'
     parent = f" parent={span.parent.span_id:016x}" if span.parent else ""
     lines = [
         f"{_timestamp(span.start_time)} {span.name} {duration_ms:.2f} ms {status_text} {attributes}"
@@ -32,7 +32,7 @@ def format_span(span: ReadableSpan) -> str:
     ]
     for event in span.events:
         event_attributes = " ".join(
-            f"{key}={value}" for key, value in (event.attributes or {}).items() if key != "exception.stacktrace"
+            f"{key}={value}" for key, value in (event.attributes or {}).items() if key != "exception.stacktrace"  # type: ignore[str-bytes-safe]  # a bytes event value shows as b'...'
         )
         lines.append(f"    {_timestamp(event.timestamp)} event {event.name} {event_attributes}")
     return "\n".join(lines) + "\n"

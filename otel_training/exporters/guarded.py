@@ -71,7 +71,7 @@ class GuardedSpanExporter(SpanExporter):
             self._export_started = self._clock()
         try:
             result = self.exporter.export(spans)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the exporter's failure is a failed batch (spooled or counted), never raised into training
             log_once(f"export:{type(self.exporter).__name__}", "otel_training: span exporter %s raised",
                      type(self.exporter).__name__)
             result = SpanExportResult.FAILURE
@@ -90,7 +90,7 @@ class GuardedSpanExporter(SpanExporter):
         if self.spool is not None:
             try:
                 spooled = self.spool.write(spans)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a spool that cannot be written: the batch is counted as dropped
                 log_once(f"spool:{self.spool.path}", "otel_training: cannot write the span spool %s; the spans are "
                          "counted as dropped", self.spool.path)
             else:
@@ -113,7 +113,7 @@ class GuardedSpanExporter(SpanExporter):
         self._closed.set()
         try:
             self.exporter.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - closing goes on (the spool, the pipeline) whatever the exporter raises
             log_once(f"shutdown:{type(self.exporter).__name__}", "otel_training: exporter shutdown raised")
 
     def shutdown(self) -> None:
@@ -127,6 +127,6 @@ class GuardedSpanExporter(SpanExporter):
             return False
         try:
             return self.exporter.force_flush(timeout_millis)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a flush that raised is one that did not complete: False
             log_once(f"flush:{type(self.exporter).__name__}", "otel_training: exporter force_flush raised")
             return False

@@ -154,7 +154,7 @@ class JsonLinesFile:
             if self._fd is not None and not self._still_linked(self._fd):
                 self._forget_replaced()
             self._write(data)
-            if not self._still_linked(self._fd):  # type: ignore[arg-type]
+            if not self._still_linked(self._fd):  # type: ignore[arg-type]  # _write() opened it, or raised
                 # Deleted while this very line was written: it went nowhere; write it again.
                 self._forget_replaced()
                 self._write(data)
@@ -186,7 +186,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             self._file.append(spans_to_otlp_json(spans), len(spans))
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - logged once; the SDK counts the failed batch, training goes on
             _log_write_failure(self._file.path, "spans", error)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
@@ -213,7 +213,7 @@ class OtlpJsonFileMetricExporter(MetricExporter):
         try:
             if metrics_data.resource_metrics:
                 self._file.append(to_otlp_json(encode_metrics(metrics_data)))
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - logged once; the metrics SDK sees a failure, training goes on
             _log_write_failure(self._file.path, "metrics", error)
             return MetricExportResult.FAILURE
         return MetricExportResult.SUCCESS

@@ -119,7 +119,7 @@ def _any_value(value: Any) -> str:
 
 
 def _array(values: Sequence[Any]) -> str:
-    parts = []
+    parts: list[str] = []
     append = parts.append
     for value in values:
         kind = type(value)
@@ -139,7 +139,7 @@ def _attributes(attributes: Mapping[str, Any] | None) -> str:
     """``,"attributes":[…]``, or nothing when there are none left to write."""
     if not attributes:
         return ""
-    parts = []
+    parts: list[str] = []
     append = parts.append
     items = attribute_items(attributes)
     for key, value in items:

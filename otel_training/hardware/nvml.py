@@ -47,7 +47,7 @@ def error_code(error: BaseException) -> int | None:
 def load_nvml() -> tuple[Any | None, str]:
     """``pynvml``, initialised, and ""; or None and why not (no extra, no library, no driver: a CPU machine)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None, "nvidia-ml-py is not installed (pip install 'otel-training[gpu]')"
     try:

@@ -21,7 +21,7 @@ from otel_training.integrations.callbacks import CallbackSpans
 SOURCE = "keras"
 
 
-class OpenTelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc]
+class OpenTelemetryCallback(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information: its Callback is Any
     """Keras hooks -> ``training.train/epoch/step/evaluate/predict/predict_step`` spans."""
 
     def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:

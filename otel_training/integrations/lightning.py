@@ -17,7 +17,7 @@ from typing import Any
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # the standalone package's Callback: another class, the same hooks
 
 from opentelemetry.trace import TracerProvider
 
@@ -29,7 +29,7 @@ from otel_training.integrations.callbacks import CallbackSpans
 SOURCE = "lightning"
 
 
-class OpenTelemetryCallback(Callback):  # type: ignore[misc]
+class OpenTelemetryCallback(Callback):
     """Lightning hooks -> ``training.train/epoch/step/substep/evaluate/predict/save_checkpoint`` spans."""
 
     def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:

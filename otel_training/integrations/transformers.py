@@ -26,7 +26,7 @@ from otel_training.integrations.spans import record_span
 SOURCE = "transformers"
 
 
-class OpenTelemetryCallback(TrainerCallback):  # type: ignore[misc]
+class OpenTelemetryCallback(TrainerCallback):
     """HF ``Trainer`` hooks -> ``training.*`` spans."""
 
     def __init__(self, events: TrainerProcess | None = None, *, tracer_provider: TracerProvider | None = None) -> None:

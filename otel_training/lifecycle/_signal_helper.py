@@ -40,6 +40,7 @@ def default_action_in_force(pid: int, signum: int) -> bool:
 
 def main(argv: list[str]) -> int:
     pid, wakeup, forward = (int(arg) for arg in argv[1:4])
+    signum: int  # a Signals member here; below, the numbers the wakeup fd and the deadlines carry
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                    signal.SIGUSR2, signal.SIGXCPU, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)  # a signal sent to every process of the job must not end us first

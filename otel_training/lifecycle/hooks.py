@@ -53,6 +53,7 @@ from otel_training.lifecycle import oneshot
 from otel_training.lifecycle.watcher import SignalWatcher
 
 if TYPE_CHECKING:  # the pipeline installs the hooks and imports this module, never the other way round
+    from otel_training.pipeline.record_span import RecordSpan
     from otel_training.pipeline.telemetry import Telemetry
 
 FATAL_SIGNALS = tuple(
@@ -83,7 +84,7 @@ _dying_of: int | None = None
 _dying = False
 
 
-def open_spans(telemetry: Telemetry) -> list[Span]:
+def open_spans(telemetry: Telemetry) -> list[Span | RecordSpan]:
     """The pipeline's spans that have begun and not ended, newest first (children before parents).
 
     Found by walking the garbage collector's objects rather than tracked span by

@@ -18,7 +18,8 @@ from opentelemetry import trace as trace_api
 from otel_training._contain import call_contained
 from otel_training._sdk_compat import is_proxy_meter_provider
 from otel_training.config import otel_env
-from otel_training.config.options import OPTIONS, ConfigError, resolve
+from otel_training.config.options import OPTIONS, resolve
+from otel_training.config.parsers import ConfigError
 from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.telemetry import Telemetry
 
@@ -92,7 +93,7 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
         raise
     first = _current is None or standing_in  # a stand-in never became the global provider
     if standing_in:
-        _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]
+        _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]  # standing_in: _current is the stand-in
     _current = telemetry
     if resolved["set_global"] and first:
         _set_global(telemetry)

@@ -43,7 +43,7 @@ def run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str) 
     def run() -> None:
         try:
             function()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a daemon thread: the flush's or shutdown's failure is logged once, not raised
             log_once(f"deadline:{name}", "otel_training: %s raised", name)
         finally:
             done.set()

@@ -16,10 +16,23 @@ from __future__ import annotations
 
 import marshal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training._contain import log_once
 from otel_training.pipeline.records import DEVICE_INFO, Emit
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class DevicePoller(Protocol):
+        """``_native.DevicePoller`` (``native/module.c``), as the recorder calls it."""
+
+        def mark(self, token: int, which: int, stream: int, /) -> bool: ...
+        def host(self, token: int, which: int, ns: int, /) -> bool: ...
+        def capture(self, delta: int, /) -> None: ...
+        def stats(self) -> dict[str, int]: ...
+        def close(self, timeout_s: float, /) -> tuple[dict[str, int], bool]: ...
+        def forget(self) -> None: ...
 
 #: The driver library the resolver calls (loaded by torch already; the resolver never loads it itself).
 DRIVER = "libcuda.so.1"
@@ -34,7 +47,7 @@ STAT_KEYS = ("marked", "resolved", "dropped", "refused", "failed", "pending")
 class DeviceRecorder:
     """Markers in; device records out, through the ring, by the C core's thread."""
 
-    def __init__(self, poller: Any, label: str, name: str, emit: Emit) -> None:
+    def __init__(self, poller: DevicePoller, label: str, name: str, emit: Emit) -> None:
         self._poller = poller
         self.label = label
         self.name = name

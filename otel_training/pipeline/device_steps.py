@@ -15,10 +15,10 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.trace import Span as SDKSpan
-from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode, Tracer, set_span_in_context
 
 from otel_training import semconv as sc
 from otel_training.pipeline.records import DEVICE_BEGIN, DEVICE_END
@@ -107,7 +107,7 @@ class DeviceSteps:
         self._newest: _Step | None = None
         self._last_end_ns: int | None = None
         self._last_step: Any = None
-        self._gap: SDKSpan | None = None
+        self._gap: Span | None = None
         self._host_work = 0
         self._training: bool | None = None
         self.failed = False
@@ -188,10 +188,11 @@ class DeviceSteps:
         host_attributes = host.attributes or {}
         idle = (begun - self._last_end_ns) / 1e9 if self._last_end_ns is not None else None
         attributes = device_step_attributes(host_attributes, self.label, self.name,
-                                            host_attributes.get(sc.THREAD_ID), step.epoch, idle, self._last_step)
+                                            cast("int | None", host_attributes.get(sc.THREAD_ID)), step.epoch, idle,
+                                            self._last_step)
         attributes[sc.STEP_LAUNCHED] = bool(step.host_end_ns)
-        step.span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=set_span_in_context(host),
-                                            attributes=attributes, start_time=begun)  # type: ignore[assignment]
+        step.span = self._tracer.start_span(sc.SPAN_DEVICE_STEP, context=set_span_in_context(host),  # type: ignore[assignment]  # the drain's tracer is the SDK's: an SDK span
+                                            attributes=attributes, start_time=begun)
 
     def _finish(self, token: int, step: _Step, ended_ns: int) -> None:
         span = step.span
@@ -214,6 +215,7 @@ class DeviceSteps:
         if not self.active or self.failed or self._gap is not None or self._host_work > 0 or self._training is False:
             return
         steps = self._steps
+        about: _Step | None  # narrowed to _Step by each branch
         if steps:
             about = next(iter(steps.values()))
             if about.span is not None:
@@ -222,7 +224,7 @@ class DeviceSteps:
             since = max(self._last_end_ns or 0, start_time_of(about.host))
             step_before = self._last_step
         else:
-            about = self._newest  # type: ignore[assignment]
+            about = self._newest
             if about is None or not about.host_end_ns:
                 return
             since = max(about.host_end_ns, self._last_end_ns or 0)
@@ -232,12 +234,13 @@ class DeviceSteps:
             return
         host = about.host
         host_attributes = host.attributes or {}
-        attributes = between_steps_attributes(host_attributes, self.label, host_attributes.get(sc.THREAD_ID),
-                                              step_before, self._last_step, about.epoch)
+        attributes = between_steps_attributes(host_attributes, self.label,
+                                              cast("int | None", host_attributes.get(sc.THREAD_ID)), step_before,
+                                              self._last_step, about.epoch)
         parent = host.parent
         context = set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         self._gap = self._tracer.start_span(sc.SPAN_BETWEEN_STEPS, context=context, attributes=attributes,
-                                            start_time=since)  # type: ignore[assignment]
+                                            start_time=since)
 
     def _end_gap(self, ended_ns: int) -> None:
         if self._gap is not None:

@@ -96,7 +96,7 @@ class _Recorded(IdGenerator, Sampler):
         return ids[0] if ids is not None else self._random.generate_trace_id()
 
     def generate_span_id(self) -> int:
-        ids = getattr(self._primed, "ids", None)
+        ids: tuple[int, int, int, TraceState | None] | None = getattr(self._primed, "ids", None)  # as prime() sets it
         if ids is None:
             return self._random.generate_span_id()
         self._primed.ids = None  # the span id is asked for last
@@ -178,7 +178,7 @@ class Replayer:
                 self._refuse(record, problem)
                 continue
             try:
-                self.apply(record)
+                self.apply(record)  # type: ignore[arg-type]  # check_record passed: a non-empty tuple
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 self._refuse(record, "the SDK refused it")
 
@@ -249,11 +249,11 @@ class Replayer:
             context = set_span_in_context(NonRecordingSpan(_context(trace_id, parent_id, remote, parent_flags,
                                                                     state))) if parent_id else Context()
         tracer = self.tracers.get(scope) or self.telemetry.tracer
-        span = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)
-        self.open[span_id] = span  # type: ignore[assignment]
+        span: SDKSpan = tracer.start_span(name, context, SpanKind(kind), attributes, _links(links), start)  # type: ignore[assignment]  # the drain's tracers are the SDK's
+        self.open[span_id] = span
         epoch = (parent.attributes or {}).get(sc.EPOCH) if parent is not None else None
-        self.device_steps.host_began(span_id, span, epoch)  # type: ignore[arg-type]
-        self.host_gaps.host_began(span_id, span, epoch)  # type: ignore[arg-type]
+        self.device_steps.host_began(span_id, span, epoch)
+        self.host_gaps.host_began(span_id, span, epoch)
 
     def _end(self, record: tuple[Any, ...]) -> None:
         span = self.open.pop(record[1], None)
@@ -290,7 +290,7 @@ class DrainTelemetry(Telemetry):
 
 
 def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0) -> None:
-    exported, dropped, pending = telemetry._counts()  # noqa: SLF001 - the pipeline it built
+    exported, dropped, pending = telemetry._counts()  # noqa: SLF001 - the counts of the pipeline the drain built, published to the ring
     for field, value in (("replayed", replayer.replayed), ("orphans", replayer.ends_without_begin),
                          ("exported", exported), ("dropped", dropped),
                          ("pending", pending), ("spooled", telemetry.spans_spooled), ("lost", lost),
@@ -349,7 +349,7 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
     if requests is not None:
         requests.close()  # the training process's responder sees the end of the pipe and stops
     replayer.closing()
-    telemetry.shutdown(timeout_s=max(0.1, replayer.exit_deadline - time.monotonic()))  # type: ignore[operator]
+    telemetry.shutdown(timeout_s=max(0.1, replayer.exit_deadline - time.monotonic()))  # type: ignore[operator]  # closing() just set it
     _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
     ring.put(DRAIN_FIELDS["done"], 1)
     return 0

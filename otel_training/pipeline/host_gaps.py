@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.trace import Span as SDKSpan
-from opentelemetry.trace import NonRecordingSpan, Tracer, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, Tracer, set_span_in_context
 
 from otel_training import semconv as sc
 from otel_training.pipeline.device_steps import HOST_WORK, start_time_of
@@ -43,7 +43,7 @@ class HostGaps:
         self._epoch: Any = None
         self._host_work = 0
         self._training: bool | None = None
-        self._gap: SDKSpan | None = None
+        self._gap: Span | None = None
         #: Gaps alerted so far (tests, the drain's log).
         self.gaps = 0
 
@@ -97,7 +97,7 @@ class HostGaps:
         parent = step.parent
         context = set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         self._gap = self._tracer.start_span(sc.SPAN_BETWEEN_STEPS, context=context, attributes=attributes,
-                                            start_time=self._since_ns)  # type: ignore[assignment]
+                                            start_time=self._since_ns)
         self.gaps += 1
 
     def abandon(self, now_ns: int) -> None:

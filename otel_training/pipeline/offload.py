@@ -39,7 +39,7 @@ from otel_training._contain import log_once
 from otel_training._native_loader import native
 from otel_training._native_loader import problem as native_problem
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
-from otel_training.config.options import ConfigError
+from otel_training.config.parsers import ConfigError
 from otel_training.exporters.otlp_json import trace_file
 from otel_training.exporters.spool import spool_file
 from otel_training.pipeline.device_records import STAT_KEYS, DeviceRecorder, start_recorder
@@ -95,7 +95,7 @@ class OffloadTelemetry(Telemetry):
         self._drain = self._start_drain(ring)
         if self.options["spool_dir"] and self.exporter_name == "otlp":  # the drain spools, in a file of its own
             self.spool_path = spool_file(self.options["spool_dir"], self.rank, self._drain.pid)
-        self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]
+        self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]  # offloaded, the provider makes records: the SDK's calls, not its class
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
             close=self._close_drain, fast=ring.fast_records(), lineage=self.lineage)
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
@@ -225,7 +225,7 @@ class OffloadTelemetry(Telemetry):
         in the drain as values that never came, when the ring is full)."""
         payload = encode((VALUES, span_id, target, values))
         if payload is not None and self._ring is not None:
-            self.tracer_provider.emit(payload, None)  # type: ignore[attr-defined]
+            self.tracer_provider.emit(payload, None)  # type: ignore[attr-defined]  # the RecordTracerProvider set in __init__ (a ring: _ring is set)
 
     def _write_control(self, payload: bytes, timeout_s: float) -> bool:
         """A control record waits for room while the drain reads, whatever the span queue policy."""
@@ -303,7 +303,7 @@ class OffloadTelemetry(Telemetry):
         # discarded; a damaged begin record's end then arrives alone, an orphan, so at most one span is counted
         # twice, and only for a record too damaged to tell its kind).
         orphans, bad = get(drain["orphans"]), get(drain["bad"])
-        lost = ring.dropped_ends + self.tracer_provider.ring_drops + orphans  # type: ignore[attr-defined]
+        lost = ring.dropped_ends + self.tracer_provider.ring_drops + orphans  # type: ignore[attr-defined]  # the RecordTracerProvider set with the ring
         # A device record the full ring refused leaves its step's device span unstarted or unended: counted too.
         dropped = lost + get(drain["dropped"]) + get(drain["lost"]) + bad + self.device_stats()["dropped"]
         unread = max(0, ring.ends_written - get(drain["replayed"]) - orphans - bad)
@@ -329,7 +329,7 @@ _instances: weakref.WeakSet[OffloadTelemetry] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for telemetry in list(_instances):
-        telemetry._forget_in_child()  # noqa: SLF001
+        telemetry._forget_in_child()  # noqa: SLF001 - the class's own fork handler, registered by its module
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

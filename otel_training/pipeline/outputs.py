@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from otel_training._files import DIR_MODE
-from otel_training.config.options import ConfigError
+from otel_training.config.parsers import ConfigError
 
 
 def check_output_dir(output_dir: str, option: str = "output_dir", what: str = "trace") -> None:

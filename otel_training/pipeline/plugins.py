@@ -79,7 +79,7 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *
         telemetry.add_span_processor(telemetry.stuck)
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.
-    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001
+    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001 - the pipeline's own metric reader, which goodput needs
         from otel_training.processors.goodput import GoodputSpanProcessor
 
         telemetry.add_span_processor(
@@ -87,7 +87,7 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *
                 telemetry.meter_provider,
                 evaluation_is_productive=telemetry.options["evaluation_is_productive"],
                 ideal_step_time_s=telemetry.options["ideal_step_time_s"],
-                after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]
+                after_restart=int(telemetry.resource.attributes.get(sc.TRAINING_RESTART_COUNT, 0) or 0) > 0,  # type: ignore[arg-type]  # an int, or a str from OTEL_RESOURCE_ATTRIBUTES
                 origin_ns=telemetry.process_start_ns,
             )
         )

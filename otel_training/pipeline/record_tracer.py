@@ -51,7 +51,7 @@ logger = logging.getLogger("otel_training")
 _ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _CHILD_FLAGS = {0: TraceFlags(TraceFlags.SAMPLED), TraceFlags.RANDOM_TRACE_ID: _ROOT_FLAGS}
 #: ``trace.get_current_span()`` in one Python frame (``_sdk_compat.span_switch``).
-_CURRENT_SPAN = span_switch().current
+_CURRENT_SPAN: Callable[[], trace_api.Span] = span_switch().current
 _INTERNAL = SpanKind.INTERNAL  # an Enum's __hash__ is a Python call: the usual kind is compared first
 _KIND_VALUES = {kind: kind.value for kind in SpanKind}  # an Enum's ``.value`` is a descriptor call
 
@@ -85,8 +85,8 @@ class RecordTracer(trace_api.Tracer):
             stamp = lineage.stamp
             if stamp:  # over the span's own, as the lineage processor's on_start would
                 attributes = {**attributes, **stamp} if attributes else dict(stamp)
-        parent: SpanContext | None = (_CURRENT_SPAN() if context is None
-                                      else trace_api.get_current_span(context)).get_span_context()
+        parent: SpanContext | None  # declared apart: the assignment below narrows it to SpanContext
+        parent = (_CURRENT_SPAN() if context is None else trace_api.get_current_span(context)).get_span_context()
         begin_span = provider.begin_span
         if begin_span is not None and not links:  # the C core: the begin record and the span in one call
             span = begin_span(provider, name, kind, 0 if kind is _INTERNAL else _KIND_VALUES.get(kind, 0),
@@ -95,10 +95,10 @@ class RecordTracer(trace_api.Tracer):
                               set_status_on_exception is True else (record_exception, set_status_on_exception))
             if span is not None:
                 return span
-        if parent.is_valid:  # type: ignore[union-attr]
-            trace_id, parent_id = parent.trace_id, parent.span_id  # type: ignore[union-attr]
-            flags = _CHILD_FLAGS[parent.trace_flags & TraceFlags.RANDOM_TRACE_ID]  # type: ignore[union-attr]
-            trace_state = parent.trace_state  # type: ignore[union-attr]
+        if parent.is_valid:
+            trace_id, parent_id = parent.trace_id, parent.span_id
+            flags = _CHILD_FLAGS[parent.trace_flags & TraceFlags.RANDOM_TRACE_ID]
+            trace_state = parent.trace_state
         else:
             trace_id, parent_id, parent, flags, trace_state = 0, 0, None, _ROOT_FLAGS, None
         sampler = provider.sampler
@@ -111,7 +111,7 @@ class RecordTracer(trace_api.Tracer):
         if sampler is not DEFAULT_ON:
             result = sampler.should_sample(context, trace_id, name, kind, attributes, links)
             trace_state = result.trace_state
-            if not result.decision.is_recording():
+            if not result.decision.is_recording():  # type: ignore[no-untyped-call]  # the SDK leaves Decision.is_recording unannotated
                 return trace_api.NonRecordingSpan(SpanContext(trace_id, span_id, False,
                                                               TraceFlags(flags & ~TraceFlags.SAMPLED), trace_state))
             if result.decision is not Decision.RECORD_AND_SAMPLE:  # recorded for the processors, not exported
@@ -124,7 +124,7 @@ class RecordTracer(trace_api.Tracer):
                   tuple(trace_state.items()) or None if trace_state else None, int(flags),
                   int(parent.trace_flags) if parent is not None else 0)
         try:
-            payload: bytes | None = marshal.dumps(record)
+            payload: bytes | None = marshal.dumps(record)  # type: ignore[arg-type]  # attributes may be any Mapping: marshal's ValueError sends the record to encode_plain
         except ValueError:
             payload = encode_plain(record)
         if payload is not None:  # else its end record reaches the drain alone, which counts it as lost
@@ -152,11 +152,11 @@ class RecordTracer(trace_api.Tracer):
         # C does not take this parent (a trace state, say): the Python path, under that parent, not the context's
         return self.start_span(name, trace_api.set_span_in_context(current), attributes=attributes)
 
-    @contextmanager  # type: ignore[override]
-    def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+    @contextmanager
+    def start_as_current_span(self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,  # type: ignore[override]  # contextlib's manager: the API's _agnosticcontextmanager is private
                               attributes: Mapping[str, Any] | None = None, links: Sequence[Link] | None = None,
                               start_time: int | None = None, record_exception: bool = True,
-                              set_status_on_exception: bool = True, end_on_exit: bool = True) -> Iterator[Any]:
+                              set_status_on_exception: bool = True, end_on_exit: bool = True) -> Iterator[trace_api.Span]:
         span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
                                set_status_on_exception)
         with trace_api.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
@@ -248,10 +248,10 @@ class RecordTracerProvider(trace_api.TracerProvider):
 
 def _after_fork_in_child() -> None:
     for provider in list(_providers):
-        provider.emit = provider._refuse_in_child  # noqa: SLF001 - the ring belongs to the parent
+        provider.emit = provider._refuse_in_child  # noqa: SLF001 - the class's fork handler: the ring belongs to the parent
         provider.fast = provider.begin_span = None  # their writes go to the parent's ring too
-        provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001
-        provider._lock = threading.Lock()  # noqa: SLF001 - it may have been held at the fork
+        provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001 - the class's fork handler: the parent's ring again
+        provider._lock = threading.Lock()  # noqa: SLF001 - the class's fork handler: it may have been held at the fork
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -70,7 +70,7 @@ def plain(value: Any) -> Any:
         return str.__str__(value)
     for base in (bool, int, float, bytes):  # an IntEnum, numpy's float64...
         if isinstance(value, base):
-            return base(value)
+            return base(value)  # type: ignore[arg-type]  # value is an instance of base: each base takes its own
     return str(value)
 
 

@@ -177,7 +177,7 @@ class Requests:
         if error is not None:
             return None, f"the training process could not be asked for its stacks ({error.strerror})", None
         if slot is not None:
-            return slot[0], None, slot[2]  # type: ignore[return-value]
+            return slot[0], None, slot[2]  # type: ignore[return-value]  # deliver() put the stacks str and the context dict there
         return None, (f"the training process did not send its stacks within {self._wait_s * 1000:.0f} ms "
                       "(it may hold the GIL in a long C call; the watchdog's py-spy stacks cover that)"), None
 
@@ -185,7 +185,7 @@ class Requests:
         """The UUID of the training process's CUDA device ``ordinal`` (``cuda_uuid`` there), within
         ``DEVICE_WAIT_S``; None when it does not know it cheaply or does not answer."""
         slot, _ = self._ask(_ASK_DEVICE, max(0, ordinal), DEVICE_WAIT_S)
-        uuid = (slot[2] or {}).get(sc.HW_ID) if slot is not None else None  # type: ignore[attr-defined]
+        uuid = (slot[2] or {}).get(sc.HW_ID) if slot is not None else None  # type: ignore[attr-defined]  # slot[2]: deliver()'s context dict or None
         return uuid if isinstance(uuid, str) else None
 
     def deliver(self, request_id: int, stacks: str, context: dict[str, Any] | None = None) -> None:
@@ -194,7 +194,7 @@ class Requests:
             slot = self._waiting.get(request_id)
         if slot is not None:
             slot[0], slot[2] = stacks, context
-            slot[1].set()  # type: ignore[attr-defined]
+            slot[1].set()  # type: ignore[attr-defined]  # slot[1]: the Event _ask() waits on
 
     def signal(self, signum: int) -> None:
         """``stuck_action="signal"``: the training process gets the signal, as it would from itself."""

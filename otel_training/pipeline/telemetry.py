@@ -75,7 +75,7 @@ class Telemetry:
         self.exporter_name: str = self.options["exporter"] or default_exporter(environ)
         self.options["exporter"] = self.exporter_name
         self.resource: Resource = resource if resource is not None else build_resource(self.options, environ)
-        self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]
+        self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]  # an int, or a str from OTEL_RESOURCE_ATTRIBUTES
         #: Why this process records nothing: its configuration failed (see ``configure``).
         self.config_error: Exception | None = config_error
         self.disabled: bool = (config_error is not None
@@ -285,7 +285,7 @@ class Telemetry:
         """Export what is queued; returns within ``timeout_s`` whatever the collector does."""
         start = time.monotonic()
         if self.is_shut_down:
-            return self._shutdown_result  # type: ignore[return-value]
+            return self._shutdown_result  # type: ignore[return-value]  # is_shut_down means it is set
         for callback in self._before_flush:
             call_contained(callback, 0.25 * timeout_s)
         # The timeout goes to the provider too: the offloaded one asks the drain to flush no longer than this,
@@ -369,7 +369,8 @@ class Telemetry:
         started = self._exit_flush_started
         if started is not None:
             spent += time.monotonic() - started
-        return max(0.0, self.options["exit_timeout_s"] - spent)
+        exit_timeout_s: float = self.options["exit_timeout_s"]
+        return max(0.0, exit_timeout_s - spent)
 
     def exit_flush(self) -> FlushResult:
         """``force_flush`` on the way out: within, and charged to, ``exit_budget_s``."""

@@ -166,7 +166,7 @@ class DLRoverLogProcessor(SpanProcessor):
                 log_once(f"dlrover-log:{self.path}", "otel_training: not writing the DLRover log %s: it is a "
                          "symbolic link, which is not followed (remove it); lines are counted as dropped",
                          self.path, exc_info=False)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the writer thread goes on: the lines are counted as unwritable
                 self._unwritable += len(lines) - done
                 log_once(f"dlrover-log:{self.path}", "otel_training: cannot write the DLRover log %s", self.path)
             finally:
@@ -198,8 +198,8 @@ _processors: weakref.WeakSet[DLRoverLogProcessor] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     """One fork hook for all live processors; shut-down ones start nothing in the child."""
     for processor in list(_processors):
-        if not processor._stopped:  # noqa: SLF001
-            processor._after_fork()  # noqa: SLF001
+        if not processor._stopped:  # noqa: SLF001 - the processor's own fork handler, registered by its module
+            processor._after_fork()  # noqa: SLF001 - the same fork handler: a new writer thread in the child
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -264,7 +264,7 @@ class GoodputSpanProcessor(SpanProcessor):
                 break
             self._tracked.append(span)
             if span.name == sc.SPAN_STEP and (span.attributes or {}).get(sc.STEP_DEVICE_TIMED):
-                awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]
+                awaiting[span.context.span_id] = span.start_time  # type: ignore[assignment]  # a started span has its start time
             elif span.name == sc.SPAN_DEVICE_STEP and span.parent is not None:
                 awaiting.pop(span.parent.span_id, None)
         for span_id, started in list(awaiting.items()):
@@ -285,7 +285,7 @@ class GoodputSpanProcessor(SpanProcessor):
             self._record_steps(steps)
         # Time after the earliest start of a classified span still open may still change, and so may
         # time after an open stuck stretch's start (a watched span no label covers).
-        starts = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]
+        starts: list[int] = [span.start_time for span in still_open if span.name in LABELLED_SPAN_NAMES]  # type: ignore[misc]  # started spans: each has its start time
         stuck = self._accountant.stuck_since_ns
         return min([now, *starts, *awaiting.values(), *([] if stuck is None else [stuck])])
 
@@ -298,7 +298,7 @@ class GoodputSpanProcessor(SpanProcessor):
         slowest step of the batch and the latest. The gauges keep their last value, so they are
         set once, for the latest step, which exports the same as setting them for every step.
         """
-        durations = [(span.end_time - span.start_time) / 1e9 for span in steps]  # type: ignore[operator]
+        durations = [(span.end_time - span.start_time) / 1e9 for span in steps]  # type: ignore[operator]  # ended spans: both times are set
         slowest = max(range(len(steps)), key=durations.__getitem__)
         score = None
         for index, (span, duration) in enumerate(zip(steps, durations)):
@@ -372,7 +372,7 @@ class GoodputSpanProcessor(SpanProcessor):
 
 
 def _end_time(span: ReadableSpan) -> int:
-    return span.end_time  # type: ignore[return-value]
+    return span.end_time  # type: ignore[return-value]  # the sort key of ended spans only
 
 
 #: Attributes the accountant reads, by span name (alerts: all of them).
@@ -391,7 +391,7 @@ def _record(span: ReadableSpan) -> SpanRecord:
     else:
         kept = {key: attributes[key] for key in _KEPT_ATTRIBUTES.get(span.name, ()) if key in attributes}
     return SpanRecord(
-        span.name, span.start_time, span.end_time, _RUN,  # type: ignore[arg-type]
+        span.name, span.start_time, span.end_time, _RUN,  # type: ignore[arg-type]  # an ended span has both times
         attributes=kept,
         span_id=format(span.context.span_id, "016x"),
         error=span.status.status_code is StatusCode.ERROR,

@@ -65,7 +65,7 @@ class LateValuesSpanProcessor(SpanProcessor):
         waiting = _waiting(span)
         ready: list[ReadableSpan] = []
         with self._lock:
-            span_id = span.get_span_context().span_id
+            span_id = span.get_span_context().span_id  # type: ignore[union-attr]  # None only for a ReadableSpan built without one: an ended span has it
             held = self._held.get(span_id)
             if waiting or held is not None:
                 if held is None:

@@ -186,7 +186,7 @@ class StuckSpanProcessor(SpanProcessor):
     # -- the training thread --------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            learner = self.rules.learners.get(span.name, MISSING)
+            learner: ThresholdLearner | None = self.rules.learners.get(span.name, MISSING)  # type: ignore[arg-type]  # the sentinel MISSING is replaced on the next line
             if learner is MISSING:
                 learner = self.rules.learner_for(span.name)
             if learner is None or self._stopping:
@@ -220,12 +220,12 @@ class StuckSpanProcessor(SpanProcessor):
             if self._slot is not None:
                 with self._slot_lock:  # the training thread and the device timeline's both write it
                     self._slot.begin(span, parent_context, entry.start, threshold.seconds)
-        except Exception:  # noqa: BLE001 - never raise into training
+        except Exception:  # noqa: BLE001 - never raise into the code that started the span
             log_internal("on_start")
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            entry = self._open.pop(span.context.span_id, None)  # type: ignore[union-attr]
+            entry = self._open.pop(span.context.span_id, None)
             if entry is None:
                 return
             elapsed = self._clock() - entry.start
@@ -233,7 +233,7 @@ class StuckSpanProcessor(SpanProcessor):
                 elapsed = (span.end_time - span.start_time) / 1e9  # its device times, not when we saw them
             if self._slot is not None:
                 with self._slot_lock:
-                    self._slot.end(span.context.span_id)  # type: ignore[union-attr]
+                    self._slot.end(span.context.span_id)
             if entry.after_the_fact and not entry.count and elapsed >= entry.threshold.seconds:
                 # Reached us too late to be caught open (the drain behind, a device step ending between two
                 # scans): it was stuck all the same, so it gets its alert now, and its recovery below.
@@ -250,7 +250,7 @@ class StuckSpanProcessor(SpanProcessor):
                     self._cond.notify()
             elif span.name != sc.SPAN_BETWEEN_STEPS:
                 entry.learner.observe(elapsed)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - never raise into the code that ended the span
             log_internal("on_end")
 
     # -- the watcher thread -------------------------------------------------
@@ -386,7 +386,7 @@ _instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
 
 def _reset_after_fork() -> None:
     for processor in list(_instances):
-        processor._after_fork_in_child()  # noqa: SLF001
+        processor._after_fork_in_child()  # noqa: SLF001 - the processor's own fork handler, registered by its module
 
 
 if hasattr(os, "register_at_fork"):

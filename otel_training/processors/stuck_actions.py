@@ -27,7 +27,7 @@ def guarded(function: Callable[..., Any], *args: Any) -> None:
     """Run ``function``; an error is logged once and goes no further (the watcher must keep watching)."""
     try:
         function(*args)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - logged once: the watcher must keep watching
         log_internal(function.__name__)
 
 

@@ -108,7 +108,7 @@ class AlertSink:
         """End an alert span at once, in the watched span's trace, and remember where to flush it."""
         if self._tracer is not None:
             end_alert_span(self._tracer, context, attributes)
-            self.flush_target = self._tracer_provider.force_flush  # type: ignore[union-attr]
+            self.flush_target = self._tracer_provider.force_flush  # type: ignore[union-attr]  # _tracer is only set with a provider
             return
         # No provider given: use the stuck span's own pipeline (resource, processors, exporter).
         pipeline = span_pipeline(span)

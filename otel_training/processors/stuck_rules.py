@@ -74,14 +74,14 @@ class StuckRules:
     def learner_for(self, name: str) -> ThresholdLearner | None:
         learner = self.learners.get(name, MISSING)
         if learner is not MISSING:
-            return learner  # type: ignore[return-value]
+            return learner  # type: ignore[return-value]  # not MISSING: a cached learner or None
         with self._lock:
             learner = self.learners.get(name, MISSING)
             if learner is MISSING:
                 learner = self._match(name)
                 if learner is not None or len(self.learners) < _MAX_CACHED_NAMES:
                     self.learners[name] = learner
-        return learner  # type: ignore[return-value]
+        return learner  # type: ignore[return-value]  # not MISSING: cached, or just matched
 
     def after_fork(self) -> None:
         """A forked child learns on: fresh locks, the parent's history kept."""

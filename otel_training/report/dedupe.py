@@ -244,7 +244,7 @@ class KeyStore:
         self.older = array("q")
         self.older_end = 0
         #: ``older`` as an open-addressing table, built the first time a span reaches back to it.
-        self.table: array | None = None
+        self.table: array[int] | None = None
         self._used = 0
 
     def unique(self, spans: list[Span], keys: list[int | None]) -> list[Span]:
@@ -306,7 +306,7 @@ class KeyStore:
             index = (index + 1) & mask
         return False
 
-    def _build(self) -> array:
+    def _build(self) -> array[int]:
         """The table of ``older``'s keys, which it replaces (the array is freed)."""
         older, self.older = self.older, array("q")
         self._resize(len(older))

@@ -16,7 +16,7 @@ import statistics
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, RunSummary, SpanRecord, span_label, times_step
@@ -86,7 +86,7 @@ def int_value(value: object) -> int | None:
 
 def _float(value: object) -> float | None:
     try:
-        return float(value)  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]  # any object: float()'s TypeError/ValueError is the check
     except (TypeError, ValueError):
         return None
 
@@ -144,10 +144,10 @@ class RankPart:
 
     rank: int
     runs: list[RunSummary]
-    durations: array
-    window_medians: array
+    durations: array[float]
+    window_medians: array[float]
     #: The median absolute deviation of each window's steps: the noise its median has.
-    window_mads: array
+    window_mads: array[float]
     #: The first and last step of each straggler window, two per window in window order.
     edges: StepColumns
     #: Every n-th step and the longest ones, for the step-time plot.
@@ -186,7 +186,7 @@ def rank_part(rank: int, lives: Iterable[Life], steps: StepColumns, window: int,
     return RankPart(rank, runs, durations, medians, mads, edges, sample, folded)
 
 
-def _run_order(starts: array) -> Sequence[int] | None:
+def _run_order(starts: array[int]) -> Sequence[int] | None:
     """Indices of the steps by start, ties in the order read; None when they were read in that order."""
     if all(starts[index] <= starts[index + 1] for index in range(len(starts) - 1)):
         return None
@@ -194,7 +194,7 @@ def _run_order(starts: array) -> Sequence[int] | None:
         import numpy
     except ImportError:
         return sorted(range(len(starts)), key=starts.__getitem__)
-    return numpy.argsort(numpy.frombuffer(starts, dtype="int64"), kind="stable").tolist()
+    return cast("list[int]", numpy.argsort(numpy.frombuffer(starts, dtype="int64"), kind="stable").tolist())
 
 
 class Intervals:
@@ -274,8 +274,8 @@ class Part:
 
     def data_wait(self, value: object) -> None:
         if type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            if value > 0:  # type: ignore[operator]
-                self.data_wait_s += value  # type: ignore[operator]
+            if value > 0:
+                self.data_wait_s += value
 
     def span(self, start_ns: int, end_ns: int) -> None:
         self.span_count += 1

@@ -46,9 +46,9 @@ _READ = {sc.METRIC_GPU_SM_CLOCK: 1e-6, sc.METRIC_GPU_POWER: 1.0, sc.METRIC_GPU_P
 class GpuSeries:
     """One rank's GPU samples from its drain's metrics: SM clock (MHz) and power (W) at each collection kept."""
 
-    times: array = dataclasses.field(default_factory=lambda: array("q"))
-    clocks: array = dataclasses.field(default_factory=lambda: array("d"))
-    power: array = dataclasses.field(default_factory=lambda: array("d"))
+    times: array[int] = dataclasses.field(default_factory=lambda: array("q"))
+    clocks: array[float] = dataclasses.field(default_factory=lambda: array("d"))
+    power: array[float] = dataclasses.field(default_factory=lambda: array("d"))
     power_limit_w: float | None = None
     stride: int = 1
     seen: int = 0
@@ -62,7 +62,7 @@ class GpuSeries:
         self.power.append(power_w)
         if len(self.times) > MAX_POINTS:  # every other one goes, and from now on every 2n-th is kept
             for column in (self.times, self.clocks, self.power):
-                column[:] = column[::2]
+                column[:] = column[::2]  # type: ignore[assignment]  # a column's own slice: mypy cannot pair the int|float union
             self.stride *= 2
 
     @property

@@ -88,6 +88,8 @@ def rank_gpu(gpu: GpuSteps, order: Sequence[int] | None, bounds: Sequence[tuple[
         for position, index in enumerate(order):
             position_of[index] = position
         entries = sorted(zip((position_of[index] for index in gpu.indices), gpu.clocks, gpu.masks))
+    clocks: list[float]
+    masks: list[int]
     current, clocks, masks = -1, [], []
     for position, clock, mask in entries:
         if position >= count:

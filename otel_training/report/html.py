@@ -11,8 +11,8 @@ import html
 import io
 import multiprocessing
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from otel_training import semconv as sc
 from otel_training.analysis import BUCKETS, PRODUCTIVE, SpanRecord
@@ -304,10 +304,10 @@ _drawing: JobReport | None = None
 
 def _draw(function: str) -> str:
     assert _drawing is not None
-    return globals()[function](_drawing)  # type: ignore[no-any-return]
+    return cast("str", globals()[function](_drawing))
 
 
-def _svgs(report: JobReport, functions: list[str], processes: int) -> Any:
+def _svgs(report: JobReport, functions: list[str], processes: int) -> Callable[[], list[str]]:
     """``() -> [svg, ...]`` of the plot functions: drawn by forked processes while the caller goes on,
     where asked for and available; else drawn when called."""
     global _drawing
@@ -324,7 +324,7 @@ def _svgs(report: JobReport, functions: list[str], processes: int) -> Any:
 
             def collect() -> list[str]:
                 try:
-                    return pending.get()  # type: ignore[no-any-return]
+                    return pending.get()
                 finally:
                     pool.close()
                     pool.join()

@@ -33,9 +33,9 @@ def _tags(tags: list[dict[str, Any]] | None) -> dict[str, Any]:
     for tag in tags or ():
         value = tag.get("value")
         if tag.get("type") == "int64":
-            value = int(value)  # type: ignore[arg-type]
+            value = int(value)  # type: ignore[arg-type]  # an int64 tag has a value in Jaeger's schema; one without raises TypeError
         elif tag.get("type") == "float64":
-            value = float(value)  # type: ignore[arg-type]
+            value = float(value)  # type: ignore[arg-type]  # a float64 tag has a value in Jaeger's schema; one without raises TypeError
         values[tag.get("key", "")] = value
     return values
 

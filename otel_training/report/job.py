@@ -51,7 +51,7 @@ class JobReport:
     stragglers: list[StragglerScore]
     alerts: list[Alert]
     #: Each rank's step durations in the order they ran (seconds, 8 bytes a step).
-    rank_durations: dict[int, array]
+    rank_durations: dict[int, array[float]]
     #: A bounded sample of each rank's steps (with its longest), for the step-time plot.
     step_sample: list[Step]
     problems: list[Problem]
@@ -252,7 +252,7 @@ def assemble(part: Part, problems: Sequence[Problem] = (), *, ideal_step_time_s:
 def _plot_sample(ranks: Sequence[RankPart]) -> list[Step]:
     """Each rank's sample thinned to its share of ``PLOT_STEPS`` (keeping its longest steps)."""
     share = max(SAMPLE_LONGEST, PLOT_STEPS // max(1, len(ranks)))
-    steps = []
+    steps: list[Step] = []
     for rank in ranks:
         sample = rank.sample
         longest = set(heapq.nlargest(SAMPLE_LONGEST, range(len(sample)), key=sample.durations.__getitem__))

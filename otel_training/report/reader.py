@@ -21,7 +21,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord
@@ -238,7 +238,7 @@ def _kind_problem(request: Any) -> str:
     return "not an OTLP JSON trace request (no resourceSpans); skipped"
 
 
-class FileScan:
+class FileScan(Generic[T]):
     """The requests of one OTLP JSON Lines file, line by line, each damaged line a problem of its own.
 
     ``convert`` turns one request into what the caller keeps of it and the impossible spans it

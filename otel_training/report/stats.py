@@ -35,7 +35,7 @@ def _numpy() -> Any:
     return numpy
 
 
-def _values(durations: array) -> Any:
+def _values(durations: array[float]) -> Any:
     return _numpy().frombuffer(durations, dtype="float64") if len(durations) else None
 
 
@@ -55,7 +55,7 @@ def _fmean(values: Any) -> float:
     return math.fsum(memoryview(values)) / len(values)
 
 
-def job_figures(arrays: Sequence[array], configured_ideal: float | None,
+def job_figures(arrays: Sequence[array[float]], configured_ideal: float | None,
                 ) -> tuple[float | None, float | None, StepStats | None]:
     """The job's normal threshold, ideal step time and step statistics, over every rank's steps.
 
@@ -97,7 +97,7 @@ def job_figures(arrays: Sequence[array], configured_ideal: float | None,
                                        mad=mad)
 
 
-def median_of(durations: array) -> float:
+def median_of(durations: array[float]) -> float:
     numpy = _numpy()
     if numpy is None:
         import statistics
@@ -106,7 +106,7 @@ def median_of(durations: array) -> float:
     return _median(numpy.array(_values(durations)))
 
 
-def stats_of(durations: array, ideal: float | None, threshold: float | None) -> StepStats | None:
+def stats_of(durations: array[float], ideal: float | None, threshold: float | None) -> StepStats | None:
     """``step_stats`` of the durations."""
     numpy = _numpy()
     if numpy is None or not durations:

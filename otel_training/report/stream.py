@@ -222,7 +222,7 @@ def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, 
     steps: defaultdict[int, StepColumns] = defaultdict(StepColumns)
     gpu: defaultdict[int, GpuSteps] = defaultdict(GpuSteps)
     loads = json_loads()
-    scans: list[FileScan] = []
+    scans: list[FileScan[list[tuple[RunKey, str, str, list[Span]]]]] = []
 
     def history() -> Iterator[tuple[RunKey, list[Span]]]:
         """What was read before the line being read: the files before its file, and its file up to it."""
@@ -255,8 +255,8 @@ def _digest(paths: Sequence[Path], window: int, evaluation_is_productive: bool, 
     return part, problems
 
 
-def _read(scan: FileScan, part: Part, runs: dict[RunKey, _Run], steps: defaultdict[int, StepColumns],
-          gpu: defaultdict[int, GpuSteps], evaluation_is_productive: bool) -> None:
+def _read(scan: FileScan[list[tuple[RunKey, str, str, list[Span]]]], part: Part, runs: dict[RunKey, _Run],
+          steps: defaultdict[int, StepColumns], gpu: defaultdict[int, GpuSteps], evaluation_is_productive: bool) -> None:
     """Every span of a file into ``part``, its lives (``runs``), its ranks' ``steps`` and their ``gpu`` states."""
     intervals = part.intervals
     labels = {name: span_label(name, evaluation_is_productive) for name in LABELLED_SPAN_NAMES}

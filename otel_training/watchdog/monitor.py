@@ -133,7 +133,7 @@ class Watchdog:
         if self._reported_span and (state.span_id != self._reported_span or not state.open):
             # The span we reported ended (or another began): the process came back.
             ended = state.end_ns if state.span_id == self._reported_span else now
-            self._alert(sc.ALERT_KIND_RECOVERED, self._reported_state, ended, None, None)  # type: ignore[arg-type]
+            self._alert(sc.ALERT_KIND_RECOVERED, self._reported_state, ended, None, None)  # type: ignore[arg-type]  # set with _reported_span
             self._reported_span = 0
 
     def _check(self, state: SlotState) -> None:

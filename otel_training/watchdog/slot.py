@@ -25,6 +25,7 @@ import struct
 import subprocess
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -74,8 +75,8 @@ class SlotState:
         return self.span_id != 0 and self.begin_ns > self.end_ns
 
 
-def _attribute_int(attributes: object, key: str) -> int | None:
-    value = attributes.get(key) if attributes else None  # type: ignore[attr-defined]
+def _attribute_int(attributes: Mapping[str, object] | None, key: str) -> int | None:
+    value = attributes.get(key) if attributes else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -153,7 +154,7 @@ _writers: weakref.WeakSet[SlotWriter] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for writer in list(_writers):
-        writer._detach_after_fork()  # noqa: SLF001
+        writer._detach_after_fork()  # noqa: SLF001 - the writer's own fork handler, registered by its module
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -35,8 +35,8 @@ import tempfile
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from otelstack import Stack, StackError, http_get
 

@@ -88,7 +88,7 @@ def _trace_offsets(raw: bytes) -> list[list[int]]:
     return offsets
 
 
-def sender(endpoint: str, raw: bytes, spans: int, until: float, out) -> None:  # noqa: ANN001
+def sender(endpoint: str, raw: bytes, spans: int, until: float, out) -> None:
     """Send the request with fresh trace ids until ``until`` (wall clock); put the counts on ``out``."""
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc

@@ -50,14 +50,15 @@ def main() -> int:
     parser.add_argument("--file-dir", type=Path, default=None, help="also write the spans to DIR/traces-r<rank>.jsonl")
     args = parser.parse_args()
 
-    import otel_training
     from opentelemetry import trace
     from opentelemetry.sdk.trace import SpanProcessor
+
+    import otel_training
 
     per_trace: Counter[str] = Counter()
 
     class _PerTrace(SpanProcessor):
-        def on_end(self, span) -> None:  # noqa: ANN001 - SDK signature
+        def on_end(self, span) -> None:
             per_trace[f"{span.context.trace_id:032x}"] += 1
 
     # In-process: it counts its spans per trace with a processor of its own (offloaded, the drain's pipeline
@@ -66,6 +67,7 @@ def main() -> int:
     telemetry.add_span_processor(_PerTrace())
     if args.file_dir is not None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
         from otel_training.exporters.otlp_json import OtlpJsonFileSpanExporter
 
         rank = os.environ.get("OTEL_TRAINING_RANK", "0")

@@ -21,8 +21,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-import otelstack as stack_mod  # scripts/stack/otelstack/
-from stack_helpers import WebhookReceiver
+import otelstack as stack_mod  # noqa: E402 - scripts/stack/otelstack/, on pytest's pythonpath
+from stack_helpers import WebhookReceiver  # noqa: E402 - tests/e2e/, likewise
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,7 +41,7 @@ def require_prerequisites() -> None:
 
 
 @pytest.fixture(scope="session")
-def stack_binaries(tmp_path_factory: pytest.TempPathFactory) -> "stack_mod.Binaries":
+def stack_binaries(tmp_path_factory: pytest.TempPathFactory) -> stack_mod.Binaries:
     require_prerequisites()
     log = tmp_path_factory.mktemp("build") / "build.log"
     try:
@@ -60,7 +60,7 @@ def alert_webhook() -> Iterator[WebhookReceiver]:
 
 
 @pytest.fixture(scope="session")
-def stack(stack_binaries, alert_webhook: WebhookReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator["stack_mod.Stack"]:
+def stack(stack_binaries, alert_webhook: WebhookReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack_mod.Stack]:
     run_dir = tmp_path_factory.mktemp("stack")
     s = stack_mod.Stack(run_dir, binaries=stack_binaries, webhook_url=alert_webhook.url, fast=True)
     try:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_device
 
-from fake_device import FakeDevice  # noqa: E402
+from fake_device import FakeDevice
 
-import otel_training  # noqa: E402
-from otel_training import semconv as sc  # noqa: E402
-from otel_training.events import device_probe  # noqa: E402
+import otel_training
+from otel_training import semconv as sc
+from otel_training.events import device_probe
 
 STEPS, STALL_STEP, HOLD_S = 30, 12, 8.0
 

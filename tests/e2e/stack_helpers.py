@@ -10,9 +10,10 @@ import json
 import re
 import threading
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from otelstack import http_get, wait_until  # scripts/stack/otelstack/
 
@@ -20,8 +21,8 @@ __all__ = [
     "WebhookReceiver",
     "jaeger_traces",
     "prometheus_alerts",
-    "scrape_samples",
     "read_alert_sink",
+    "scrape_samples",
     "wait_until",
 ]
 
@@ -35,7 +36,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 try:

@@ -19,10 +19,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import otelstack as stack_mod  # scripts/stack/otelstack/
+import pytest
 from stack_helpers import scrape_samples, wait_until
-from training_helpers import DEADLINE, E2E_MARKS, Training, jaeger_spans, new_job_id, read_timings, training_env, worker_argv
+from training_helpers import (
+    DEADLINE,
+    E2E_MARKS,
+    Training,
+    jaeger_spans,
+    new_job_id,
+    read_timings,
+    training_env,
+    worker_argv,
+)
 
 pytestmark = E2E_MARKS
 

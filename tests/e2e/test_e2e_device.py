@@ -9,7 +9,17 @@ import re
 import sys
 
 from stack_helpers import wait_until
-from training_helpers import DEADLINE, E2E_MARKS, HERE, Training, alert_fired, jaeger_spans, new_job_id, prometheus_query, training_env
+from training_helpers import (
+    DEADLINE,
+    E2E_MARKS,
+    HERE,
+    Training,
+    alert_fired,
+    jaeger_spans,
+    new_job_id,
+    prometheus_query,
+    training_env,
+)
 
 pytestmark = E2E_MARKS
 

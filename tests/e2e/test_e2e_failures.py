@@ -26,12 +26,12 @@ import statistics
 import time
 from collections.abc import Iterator
 
+import otelstack as stack_mod  # scripts/stack/otelstack/
 import pytest
 import yaml
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import read_alert_sink, scrape_samples, wait_until
 from training_helpers import (
     DEADLINE,

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import otelstack as stack_mod  # scripts/stack/otelstack/
+import pytest
 from hang_ranks import Ranks
 from requirements import require
 from stack_helpers import WebhookReceiver

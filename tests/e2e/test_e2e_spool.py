@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from otlp_json import read_spans
 from otelstack import wait_until
+from otlp_json import read_spans
 from training_helpers import REPO, jaeger_spans, new_job_id
 
 pytestmark = pytest.mark.e2e

@@ -27,11 +27,11 @@ import signal
 import time
 from collections.abc import Iterator
 
-import pytest
 import otelstack as stack_mod  # scripts/stack/otelstack/
+import pytest
+from opensearch_helpers import HealthWatch, Ranks, counter, in_jaeger, reports, require_opensearch, sent_per_trace
 from otelstack import opensearch as opensearch_mod
 from otelstack import topology as topology_mod
-from opensearch_helpers import HealthWatch, Ranks, counter, in_jaeger, reports, require_opensearch, sent_per_trace
 from stack_helpers import wait_until
 from training_helpers import DEADLINE, E2E_MARKS
 

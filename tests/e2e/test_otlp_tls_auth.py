@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import otelstack as stack_mod  # scripts/stack/otelstack/
 import pytest
 from environ import child_environ
-import otelstack as stack_mod  # scripts/stack/otelstack/
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, REPO, Training, new_job_id, worker_argv
 

@@ -136,7 +136,7 @@ def test_the_readme_native_stack_section_as_written(stack_binaries: object, tmp_
             if command.startswith("export "):
                 printed = re.search(r"^export OTEL_EXPORTER_OTLP_ENDPOINT=http://127\.0\.0\.1:(\d+)$", up, re.M)
                 assert printed is not None, f"no export line printed by `up` before {command!r}:\n{up}"
-                for line in (l for l in up.splitlines() if l.startswith("export ")):  # pasted as `up` says
+                for line in (text for text in up.splitlines() if text.startswith("export ")):  # pasted as `up` says
                     env = _export(line, cwd, env)
                 env = _export(command.replace(PLACEHOLDER, printed.group(1)), cwd, env)
             elif "otel-training demo" in command:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest

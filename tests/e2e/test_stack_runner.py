@@ -9,14 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import otelstack as stack_mod  # scripts/stack/otelstack/ (pythonpath in pyproject.toml)
 import pytest
 import yaml
-
-import otelstack as stack_mod  # scripts/stack/otelstack/ (pythonpath in pyproject.toml)
 from otelstack import render, supervisor
 
 
-def _ports() -> "stack_mod.Ports":
+def _ports() -> stack_mod.Ports:
     return stack_mod.Ports.allocate()
 
 
@@ -82,7 +81,7 @@ def test_render_refuses_a_config_it_does_not_recognise(monkeypatch, tmp_path: Pa
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
-def _start(tmp_path: Path, name: str, script: str) -> tuple["stack_mod.Stack", "stack_mod.Component", Path]:
+def _start(tmp_path: Path, name: str, script: str) -> tuple[stack_mod.Stack, stack_mod.Component, Path]:
     s = stack_mod.Stack(tmp_path)
     marker = tmp_path / f"{name}.started"
     proc = stack_mod.Component("collector", [sys.executable, str(SCRIPTS / script), str(marker)], dict(os.environ),

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from otelstack import Component, StackError, Supervisor, free_ports, http_get, wait_until
 from otelstack.supervisor import _pid_alive
 

@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import otelstack as stack_mod  # scripts/stack/otelstack/
+import pytest
 from otelstack import topology as topology_mod  # scripts/stack/otelstack/topology.py
 from stack_helpers import scrape_samples, wait_until
 from training_helpers import DEADLINE, E2E_MARKS, REPO, new_job_id

@@ -35,8 +35,9 @@ import os
 import time
 from pathlib import Path
 
-import otel_training
 from opentelemetry.sdk.trace import SpanProcessor
+
+import otel_training
 
 
 class _SpanCounter(SpanProcessor):
@@ -45,7 +46,7 @@ class _SpanCounter(SpanProcessor):
     def __init__(self) -> None:
         self.ended = 0
 
-    def on_end(self, span) -> None:  # noqa: ANN001 - SDK signature
+    def on_end(self, span) -> None:
         self.ended += 1
 
 
@@ -83,7 +84,7 @@ def main() -> int:
         dist.init_process_group("gloo")
         tensor = torch.ones(64)
 
-    timings = open(args.timings, "a", buffering=1) if args.timings else None  # noqa: SIM115 - closed below
+    timings = open(args.timings, "a", buffering=1) if args.timings else None
     trainer = otel_training.TrainerProcess()
     global_step = 0
     stopped = False

@@ -117,7 +117,7 @@ class Training:
     def pid(self) -> int:
         return self.popen.pid
 
-    def __enter__(self) -> "Training":
+    def __enter__(self) -> Training:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,7 +16,7 @@ body = config.read_bytes()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+    def do_GET(self) -> None:
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)

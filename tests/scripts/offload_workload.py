@@ -28,7 +28,7 @@ if mode == "offload-ready":
 
     from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS
 
-    ring = telemetry._ring  # noqa: SLF001 - a test program: what the drain has said it reads
+    ring = telemetry._ring
     deadline = time.monotonic() + 60
     while ring.native and not ring.get(DRAIN_FIELDS["caps"]) & CAP_FAST_RECORDS and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -35,7 +35,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from otel_training._contain import contained, log_once
 from otel_training.compat.areal.config import (
@@ -154,14 +154,14 @@ def _wrap(function: F, scope: Callable[[], Any]) -> F:
             async with scope():
                 return await function(*args, **kwargs)
 
-        return async_wrapper  # type: ignore[return-value]
+        return cast(F, async_wrapper)
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with scope():
             return function(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 def trace_perf(name: str, *, category: CategoryLike = None) -> Callable[[F], F]:
@@ -197,7 +197,7 @@ def session_context() -> Callable[[F], F]:
         try:
             task_id = _task_id.get()
             _session_id.set(register_session(task_id) if task_id is not None else None)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the user's sample runs whether or not its session could be registered
             log_once("areal.session_context", "otel_training: internal error registering a session; "
                      "training continues")
         return _NULL
@@ -254,7 +254,7 @@ class _PhaseScope:
         trace_session_event(f"mark_{self._phase}_start", session_id=self._session_id, **self._start_payload)
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         trace_session_event(f"mark_{self._phase}_end", session_id=self._session_id, **self._end_payload)
         return False
 

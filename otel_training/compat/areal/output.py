@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from otel_training._contain import log_once
+from otel_training._text import text
 from otel_training.compat.areal.config import _setting
-from otel_training.events.attributes import text
 
 
 def _user() -> str:
@@ -36,7 +36,7 @@ def _output_path(config: Any, rank: int, role: str | None, subdir: str, stem: st
         if role:
             base = os.path.join(base, role)
         return os.path.join(base, f"{stem}-r{rank}.jsonl")
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - any config AReaL's layout cannot be built from: no trace files, training goes on
         log_once("areal.output_path", "otel_training: cannot build the AReaL trace path from the config; "
                  "no AReaL trace files are written")
         return None

@@ -13,16 +13,18 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any, Literal, Protocol
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training._text import text
 from otel_training.compat.areal.config import _TARGET, CategoryLike, _category
 from otel_training.compat.areal.context import _global_step, _profiling, _session_id, _task_id
-from otel_training.events.attributes import readable, text, to_attributes
+from otel_training.events.attributes import readable, to_attributes
 from otel_training.events.duration import Duration
 from otel_training.events.process import Process
 from otel_training.events.runtime import current_recording_span, runtime
@@ -52,6 +54,7 @@ class _NoProfiler:
 
 
 def _load_profiler() -> Any:
+    torch_profiler: ModuleType | _NoProfiler
     try:
         from torch import profiler as torch_profiler
     except Exception:  # noqa: BLE001 - no torch: scopes still trace, without kernels
@@ -117,9 +120,9 @@ class _Scope:
             if tracer is not None:
                 if self._args and self._args.get("global_step") is not None:
                     self._tokens.append((_global_step, _global_step.set(self._args["global_step"])))
-                if tracer._wants_profiler(self._profile, self._args):
+                if tracer._wants_profiler(self._profile, self._args):  # noqa: SLF001 - PerfTracer's, through this module's _Recorder protocol
                     self._start_profiler()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the user's block runs even if its span or profiler cannot start
             log_once("areal.scope.enter", "otel_training: internal error entering a perf_tracer scope; "
                      "training continues")
         self._start_us = _now_us()
@@ -145,7 +148,7 @@ class _Scope:
         self._profiler = profile
         self._tokens.append((_profiling, _profiling.set(True)))
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         duration_ns = time.perf_counter_ns() - self._start_ns
         try:
             tracer = self._tracer
@@ -158,8 +161,8 @@ class _Scope:
                 args = dict(self._args or {})
                 if exc_type is not None:
                     args.setdefault("exception", exc_type.__name__)
-                tracer._complete(self._name, self._start_us, duration_ns, str(self._category), args)
-        except Exception:  # noqa: BLE001
+                tracer._complete(self._name, self._start_us, duration_ns, str(self._category), args)  # noqa: SLF001 - PerfTracer's recorder, through this module's _Recorder protocol
+        except Exception:  # noqa: BLE001 - leaving the scope must not raise over the user's block or its exception
             log_once("areal.scope.exit", "otel_training: internal error leaving a perf_tracer scope; "
                      "training continues")
         if self._duration is not None:
@@ -189,7 +192,7 @@ def _cuda_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a torch that fails to import or query CUDA: profile the CPU only
         return False
 
 
@@ -210,7 +213,7 @@ class _NullScope:
     def __enter__(self) -> _NullScope:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
     async def __aenter__(self) -> _NullScope:

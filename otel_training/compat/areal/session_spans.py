@@ -16,8 +16,9 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._text import text
 from otel_training.compat.areal.config import _TARGET
-from otel_training.events.attributes import text, to_attributes
+from otel_training.events.attributes import to_attributes
 from otel_training.integrations.spans import record_span
 
 

@@ -108,12 +108,12 @@ __all__ = [
 def _reset() -> None:
     """Close the log and read ``DLROVER_EVENT_*`` and ``RANK`` again (tests, or a new run in the same process)."""
     close_default_exporter()
-    with ErrorHandler._lock:
-        if ErrorHandler._instance is not None:
-            ErrorHandler._instance.unregister()
-            ErrorHandler._instance = None
-    with Config._instance_lock:
-        Config._instance = None
+    with ErrorHandler._lock:  # noqa: SLF001 - ErrorHandler's singleton lock (DLRover's singleton_instance), held to reset it
+        if ErrorHandler._instance is not None:  # noqa: SLF001 - ErrorHandler's singleton, reset for a new run
+            ErrorHandler._instance.unregister()  # noqa: SLF001 - the same singleton: its hooks come off before it is dropped
+            ErrorHandler._instance = None  # noqa: SLF001 - the same singleton, dropped: singleton_instance() makes a new one
+    with Config._instance_lock:  # noqa: SLF001 - Config's singleton lock (DLRover's singleton_instance), held to reset it
+        Config._instance = None  # noqa: SLF001 - Config's singleton, dropped: DLROVER_EVENT_* are read again on next use
     init_default_exporter()
     init_error_handler()
 

@@ -8,7 +8,7 @@ emitter and the predefined processes share one wrapping and one no-op.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from otel_training._contain import contained, log_once
 
@@ -38,7 +38,7 @@ class SafeCallable:
     def __enter__(self) -> SafeCallable:
         return self
 
-    def __exit__(self, *exc_info: object) -> bool:
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         return False  # the user's exception goes on
 
     def __repr__(self) -> str:
@@ -84,7 +84,7 @@ def _as_dict(content: Any) -> dict[Any, Any]:
         return {}
     try:
         return dict(content)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - content that is no mapping (or whose iteration raises) is dropped, logged once
         log_once("dlrover-compat:content", "otel_training: DLRover event content must be a mapping, not %s; it "
                  "is dropped", type(content).__name__, exc_info=False)
         return {}

@@ -23,12 +23,20 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from otel_training._contain import log_once
 
-T = TypeVar("T")
+
+class _OnePerProcess(Protocol):
+    """A class that holds its process's one instance in ``_instance`` (DLRover's ``singleton_instance``)."""
+
+    _instance: ClassVar[Any]
+
+
+T = TypeVar("T", bound=_OnePerProcess)
 
 ENV_PREFIX = "DLROVER_EVENT"
 DEFAULT_EVENT_EXPORTER = "TEXT_FILE"
@@ -94,7 +102,7 @@ def get_pid() -> str:
 
 
 #: Every setting DLRover reads from the file and the environment, with the parser that types it.
-_PARSERS: dict[str, Callable[[Any], Any]] = {
+_PARSERS: dict[str, Callable[[Any], bool | int | str | None]] = {
     "event_exporter": parse_str,
     "async_exporter": parse_bool,
     "queue_size": parse_int,
@@ -104,8 +112,8 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "debug_mode": parse_bool,
     "hook_error": parse_bool,
 }
-_EXPECTED = {parse_str: "a string", parse_bool: "a boolean (true/false, yes/no, on/off, 1/0)",
-             parse_int: "an integer"}
+_EXPECTED: dict[Callable[[Any], bool | int | str | None], str] = {
+    parse_str: "a string", parse_bool: "a boolean (true/false, yes/no, on/off, 1/0)", parse_int: "an integer"}
 _VARIABLES = {get_env_key(key): key for key in _PARSERS}
 
 
@@ -120,12 +128,12 @@ def _did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
     return f" (did you mean {stems[close[0]]}?)" if close else ""
 
 
-def one_per_process(cls: type[T], lock: Any, *args: Any, **kwargs: Any) -> T:
+def one_per_process(cls: type[T], lock: AbstractContextManager[object], *args: Any, **kwargs: Any) -> T:
     """``cls._instance``, made on first use under ``lock`` from ``args``: DLRover's ``singleton_instance``."""
     with lock:
-        if cls._instance is None:  # type: ignore[attr-defined]
-            cls._instance = cls(*args, **kwargs)  # type: ignore[attr-defined]
-        return cls._instance  # type: ignore[attr-defined]
+        if cls._instance is None:
+            cls._instance = cls(*args, **kwargs)
+        return cast(T, cls._instance)
 
 
 @dataclass(init=False)
@@ -185,7 +193,7 @@ class Config:
         """
         value = getattr(self, key)
         if value in choices:
-            return value
+            return cast(str, value)
         _warn(f"{self.origin(key)}={value!r}", "%s is %r, not one of %s; using %s", self.origin(key), value,
               ", ".join(choices), choices[0])
         return choices[0]

@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training._text import text
 from otel_training.compat.dlrover._safe import SafeCallable, _as_dict, _SafeAttributes, _SafeCalls
 from otel_training.compat.dlrover.event import Event, generate_event_id
 from otel_training.compat.dlrover.exporter import EventExporter, get_default_exporter
 from otel_training.compat.dlrover.names import TrainerEventName
-from otel_training.events.attributes import METRIC_PREFIX, text, to_attributes
+from otel_training.events.attributes import METRIC_PREFIX, to_attributes
 from otel_training.events.duration import Duration as _Span
 from otel_training.events.process import Process as _SpanProcess
 from otel_training.events.span_kinds import HostWork, StepDuration
@@ -95,7 +96,7 @@ class EventEmitter:
 
     @contained(default=None)
     def _span_event(self, name: str, content: Mapping[Any, Any]) -> None:
-        self._spans._event(text(name), text(name), _instant_attributes(name, content))  # noqa: SLF001
+        self._spans._event(text(name), text(name), _instant_attributes(name, content))  # noqa: SLF001 - events.Process's event writer (what its instant() calls), given DLRover's name
 
     @contained(default=None)
     def _span(self, name: str, content: Mapping[Any, Any]) -> _Span | None:
@@ -167,7 +168,7 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
         if self._is_end or not self._is_begin:
             log_once(f"dlrover-compat:stage:{text(self.name)}", "otel_training: a stage of %s, which is not open, "
                      "is ignored", text(self.name), exc_info=False)
-            return SafeCallable()  # type: ignore[return-value]
+            return SafeCallable()  # type: ignore[return-value]  # the no-op stands in for a DurationSpan: any method call chains
         merged = dict(self.content)
         merged.update(_as_dict(content))
         return DurationSpan(self.emitter, f"{self.name}#{stage}", merged)
@@ -206,7 +207,7 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
     def __enter__(self) -> DurationSpan:
         return self.begin()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         try:
             if exc_type is None:
                 self.success()
@@ -255,8 +256,8 @@ class Process(_SafeAttributes, metaclass=_SafeCalls):
     def error(self, msg: str) -> None:
         """Logged (not an event, as in DLRover), and an error event on the current span."""
         logger.error(msg)
-        self._emitter._spans.error(msg)  # noqa: SLF001
+        self._emitter._spans.error(msg)  # noqa: SLF001 - this module's EventEmitter, whose span process this Process owns
 
     def info(self, msg: str) -> None:
         logger.info(msg)
-        self._emitter._spans.info(msg)  # noqa: SLF001
+        self._emitter._spans.info(msg)  # noqa: SLF001 - this module's EventEmitter, whose span process this Process owns

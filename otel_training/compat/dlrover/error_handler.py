@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from otel_training._contain import contained, log_once
+from otel_training._text import text
 from otel_training.compat.dlrover.config import Config, one_per_process
 from otel_training.compat.dlrover.emitter import Process
 from otel_training.compat.dlrover.exporter import AsyncExporter, get_default_exporter
-from otel_training.events.attributes import text
 
 #: The signals DLRover hooks, less the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL: a Python handler
 #: never runs, the faulting instruction repeats) and SIGPIPE (Python ignores it, so a closed pipe is an error).
@@ -60,7 +60,7 @@ class ErrorHandler:
                 self._process.instant("exception", {"stack": traceback.format_exception(exc_type, exc, tb),
                                                     "pid": os.getpid()})
                 _flush_default_exporter(1.0)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the user's exception, not ours, must reach the original hook
             log_once("dlrover-compat:exception-hook", "otel_training: could not log an uncaught exception")
         if self._original_excepthook is not None:
             self._original_excepthook(exc_type, exc, tb)
@@ -71,11 +71,11 @@ class ErrorHandler:
             try:
                 if frame:
                     content["stack"] = traceback.format_list(traceback.extract_stack(frame))
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - a stack that cannot be read is named in the event, as DLRover does
                 content["stack"] = f"get stack failed: {text(error)}"
             self._process.instant("exit_sig", content)
             _flush_default_exporter(1.0)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - in a signal handler: the original handler must still run (finally)
             log_once("dlrover-compat:signal-hook", "otel_training: could not log a signal")
         finally:
             self._call_original_handler(signum, frame)

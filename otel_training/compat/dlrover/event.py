@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from otel_training._text import CONTROL_ESCAPES, escape_controls
+from otel_training._text import CONTROL_ESCAPES, escape_controls, text
 from otel_training.compat.dlrover.names import EventType
-from otel_training.events.attributes import text
 
 
 def generate_event_id() -> str:
@@ -53,7 +52,7 @@ def _salvage(content: Any) -> Any:
             try:
                 json.dumps(value, default=_default)
                 out[key if isinstance(key, str) else text(key)] = value
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a value JSON cannot hold (a cycle, a failing __str__): described instead
                 out[key if isinstance(key, str) else text(key)] = _default(value)
     except Exception:  # noqa: BLE001 - not a readable mapping at all
         return _default(content)
@@ -140,7 +139,7 @@ class Event:
         record = self.to_dict()
         try:
             return _dumps(record)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any content that fails to serialise is salvaged, never lost nor raised
             record["content"] = _salvage(self.content)
             record["target"], record["name"], record["event_id"] = (
                 text(record["target"]), text(record["name"]), text(record["event_id"]))

@@ -167,7 +167,7 @@ class AsyncExporter(EventExporter):
         if isinstance(self._inner_exporter, _LineExporter):
             try:
                 item = self._inner_exporter.format(event)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - an event that cannot be formatted is counted and dropped, never raised
                 self._refused += 1
                 log_once("dlrover-compat:format", "otel_training: could not format a DLRover event; it is dropped")
                 return
@@ -182,7 +182,7 @@ class AsyncExporter(EventExporter):
         try:
             if isinstance(item, str):
                 # Flushed whenever the writer has caught up: a tailing master sees each line at once.
-                self._inner_exporter.write(item, flush=self._queue.empty())  # type: ignore[attr-defined]
+                self._inner_exporter.write(item, flush=self._queue.empty())  # type: ignore[attr-defined]  # str items come only from a _LineExporter (export formats them)
             else:
                 self._inner_exporter.export(item)
             self.written += 1
@@ -191,7 +191,7 @@ class AsyncExporter(EventExporter):
             log_once(f"dlrover-compat:{error.filename}", "otel_training: not writing the DLRover event log %s: it "
                      "is a symbolic link, which is not followed (remove it); events are counted as errors",
                      error.filename, exc_info=False)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a failed write (full disk, closed file) is counted; the writer thread lives on
             self._errors += 1
             log_once(f"dlrover-compat:export:{id(self)}", "otel_training: cannot write a DLRover event")
 
@@ -213,7 +213,7 @@ class AsyncExporter(EventExporter):
         if isinstance(self._inner_exporter, _LineExporter):
             try:
                 self._inner_exporter.flush()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a failed flush is logged; the writer thread and force_flush's waiter go on
                 log_once(f"dlrover-compat:flush:{id(self)}", "otel_training: cannot flush the DLRover event log")
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
@@ -259,7 +259,7 @@ class AsyncExporter(EventExporter):
         self._thread = None
         self._thread_lock = threading.Lock()
         if isinstance(self._inner_exporter, _LineExporter):
-            self._inner_exporter._after_fork()  # noqa: SLF001
+            self._inner_exporter._after_fork()  # noqa: SLF001 - _LineExporter's fork hook, in this module: the child sets the parent's stream aside
 
 
 def _drain(items: queue.Queue[Any]) -> list[Any]:
@@ -276,7 +276,7 @@ _exporters: weakref.WeakSet[AsyncExporter] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for exporter in list(_exporters):
-        exporter._after_fork()  # noqa: SLF001
+        exporter._after_fork()  # noqa: SLF001 - AsyncExporter's own fork hook, run by this module's at-fork handler
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -8,7 +8,7 @@ of any particular event.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 from otel_training.compat.dlrover.emitter import DurationSpan, Process
 from otel_training.compat.dlrover.names import (
@@ -94,12 +94,15 @@ _singleton_lock = threading.Lock()
 class DLRoverCommonEvent(CommonPredefined):
     """Events of DLRover's agent and master; one per process through ``singleton_instance()``."""
 
+    #: Each subclass's own instance, set in its ``__dict__`` on first use (not inherited: read from ``__dict__``).
+    _singleton: ClassVar[DLRoverCommonEvent]
+
     @classmethod
     def singleton_instance(cls) -> Any:
         with _singleton_lock:
             instance = cls.__dict__.get("_singleton")
             if instance is None:
-                instance = cls()
+                instance = cls()  # type: ignore[call-arg]  # called on the master's and agent's subclasses, whose __init__ names the target
                 cls._singleton = instance
             return instance
 
@@ -128,7 +131,7 @@ class DLRoverMasterEvent(DLRoverCommonEvent):
                              {"rendezvous_type": rendezvous_type, "round_num": round_num,
                               "timeout_sec": timeout_sec, "max_nodes": max_nodes, "min_nodes": min_nodes, **kwargs})
 
-    def network_check(self, round: int, **kwargs: Any) -> DurationSpan:  # noqa: A002 - DLRover's name
+    def network_check(self, round: int, **kwargs: Any) -> DurationSpan:  # noqa: A002 - DLRover's master API: callers pass round=
         return self.duration(DLRoverCommonEventName.DLROVER_NETWORK_CHECK.value, {"round": round, **kwargs})
 
     def worker_event(self, pod_name: str, from_state: str, to_state: str, reason: str, **kwargs: Any) -> None:
@@ -177,7 +180,7 @@ class DLRoverAgentEvent(DLRoverCommonEvent):
                              {"rendezvous_type": rendezvous_type, "node_name": node_name, "node_rank": node_rank,
                               "timeout": timeout, **kwargs})
 
-    def network_check(self, round: int, node_rank: int, **kwargs: Any) -> DurationSpan:  # noqa: A002
+    def network_check(self, round: int, node_rank: int, **kwargs: Any) -> DurationSpan:  # noqa: A002 - DLRover's agent API: callers pass round=
         return self.duration(DLRoverCommonEventName.DLROVER_NETWORK_CHECK.value,
                              {"round": round, "node_rank": node_rank, **kwargs})
 

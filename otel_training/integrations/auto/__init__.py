@@ -136,7 +136,7 @@ def _process_group_rank() -> tuple[int | None, int | None]:
         dist = torch.distributed if torch is not None else None
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 - no group: the environment says
+    except Exception:  # noqa: BLE001 - a torch.distributed that cannot say: the environment gives the rank
         pass
     return None, None
 
@@ -190,7 +190,7 @@ def auto_instrument() -> Any:
         return None
     try:
         instrument_torch(deferred=decided == DESCENDANT)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the program runs uninstrumented rather than not at all
         logger.error("otel_training: torch is not instrumented: %s", error)
     return telemetry
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from opentelemetry.instrumentation.distro import BaseDistro
+from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]  # the module opens with a file-wide ignore comment: mypy sees none of its names
 
 from otel_training._sdk_compat import BaseConfigurator
 from otel_training.integrations import auto
 
 
-class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
+class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]  # BaseDistro is Any to mypy (see its import)
     """The ``opentelemetry_distro`` entry point: selects our configurator, skips launchers."""
 
     def _configure(self, **kwargs: Any) -> None:
@@ -39,7 +39,7 @@ class OtelTrainingDistro(BaseDistro):  # type: ignore[misc]
         super().load_instrumentor(entry_point, **kwargs)
 
 
-class OtelTrainingConfigurator(BaseConfigurator):  # type: ignore[misc]
+class OtelTrainingConfigurator(BaseConfigurator):
     """The ``opentelemetry_configurator`` entry point: ``configure()`` from the environment (owner only)."""
 
     def _configure(self, **kwargs: Any) -> None:

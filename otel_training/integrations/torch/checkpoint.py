@@ -110,7 +110,7 @@ def _finish(tracker: StepTracker, token: Any, save: bool, path: str | None, file
 
 
 def save_wrapper(tracker: StepTracker) -> Callable[..., Any]:
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[1] if len(args) > 1 else kwargs.get("f")
         path = _path_of(target)
         file = None if isinstance(target, (str, os.PathLike)) else target
@@ -120,7 +120,7 @@ def save_wrapper(tracker: StepTracker) -> Callable[..., Any]:
 
 
 def load_wrapper(tracker: StepTracker) -> Callable[..., Any]:
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("f")
         path = _path_of(target)
         file = None if isinstance(target, (str, os.PathLike)) else target
@@ -132,7 +132,7 @@ def load_wrapper(tracker: StepTracker) -> Callable[..., Any]:
 def dcp_wrapper(tracker: StepTracker, save: bool) -> Callable[..., Any]:
     io_key = "storage_writer" if save else "storage_reader"
 
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         path = _dcp_path(kwargs, io_key)
         return _run(tracker, save, path, "torch.distributed.checkpoint", lambda: wrapped(*args, **kwargs))
 

@@ -14,7 +14,7 @@ def supported() -> bool:
         import torch.distributed as dist
 
         return dist.is_available() and hasattr(dist.ProcessGroup, "register_pre_hook")
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a torch whose distributed package fails to import has no hooks
         return False
 
 
@@ -30,7 +30,7 @@ def route(option: str = "auto") -> tuple[str, str]:
 
         available = dist.is_available()
         version = torch.__version__
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - a broken torch.distributed import: tracking off, and the log says why
         return "off", f"torch.distributed is not available ({error})"
     if not available:
         return "off", f"torch {version} was built without torch.distributed"

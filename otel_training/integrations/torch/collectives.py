@@ -161,7 +161,7 @@ class CollectiveTracker:
             backend = str(pg.name())
         except Exception:  # noqa: BLE001 - a fake or exotic group
             backend = ""
-        sequence = pg._get_sequence_number_for_group  # noqa: SLF001 - torch's per-group counter
+        sequence = pg._get_sequence_number_for_group  # noqa: SLF001 - torch's per-group counter, public nowhere else
         if self.route == "sequence":
             state = GroupState(name, backend, sequence, self.step_number)
             state.refresh()
@@ -185,7 +185,7 @@ class CollectiveTracker:
                 state.entered_ns = clock()
                 state.step = step_number()
                 self.last = state
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - raised in torch's pre-hook it would fail the user's collective: logged
                 _hook_failed("pre")
 
         def post(args: Any) -> None:
@@ -195,7 +195,7 @@ class CollectiveTracker:
                     # earlier one's completion must not wait for a poll that never sees it
                     state.previous, state.previous_seq = state.work, state.work_seq
                     state.work, state.work_seq = args.work, state.entered
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - raised in torch's post-hook it would fail the user's collective: logged
                 _hook_failed("post")
 
         pg.register_pre_hook(HOOK_ID, pre)
@@ -235,7 +235,6 @@ class CollectiveTracker:
     def close(self) -> None:
         """Unhook every group and stop adding to stuck alerts (uninstrument)."""
         from otel_training.processors import alert_context
-
         self.detach()
         alert_context.remove(self.alert_attributes)
 
@@ -244,8 +243,8 @@ class CollectiveTracker:
         try:
             from torch.distributed import distributed_c10d as c10d
 
-            pg_map = c10d._world.pg_map  # noqa: SLF001 - every live group, whoever created it
-        except Exception:  # noqa: BLE001
+            pg_map = c10d._world.pg_map  # noqa: SLF001 - torch's only list of every live group, whoever created it
+        except Exception:  # noqa: BLE001 - a torch without that registry: only the groups attached so far are tracked
             return
         if len(pg_map) == self._known_groups:
             return
@@ -259,6 +258,7 @@ class CollectiveTracker:
         """The step span's view at its end: the last collective, and how many this step entered."""
         self.attach_new_groups()
         count = 0
+        state: GroupState | None  # declared apart: the loop narrows it to GroupState, self.last below may be None
         for name, state in self.groups.items():
             if state.sequence is not None:
                 state.step_ended()
@@ -279,6 +279,7 @@ class CollectiveTracker:
         """For a stuck alert: the pending collective (else the last one) and the flight recorder."""
         if not self.groups:
             return {}
+        state: GroupState | None  # declared apart: the loop narrows it to GroupState, the pick below may be None
         for state in self.groups.values():
             state.refresh()
             state.poll()
@@ -322,7 +323,6 @@ class CollectiveTracker:
             return
         self._meters.add(meter)
         from opentelemetry.metrics import Observation
-
         cache: dict[str, Any] = {"at": 0.0, "rows": []}
 
         def rows_for(metric: str) -> Iterable[Any]:
@@ -349,7 +349,7 @@ def _callback(rows_for: Callable[[str], Iterable[Any]], metric: str) -> Callable
     def callback(options: Any) -> Iterable[Any]:
         try:
             return rows_for(metric)
-        except Exception:  # noqa: BLE001 - never fail the reader
+        except Exception:  # noqa: BLE001 - a failing gauge callback must not fail the metric reader's collection
             return []
 
     return callback
@@ -377,7 +377,7 @@ def _group_name(pg: Any) -> str:
     try:
         from torch.distributed import distributed_c10d as c10d
 
-        return str(c10d._world.pg_names.get(pg, ""))  # noqa: SLF001 - the only record of it there
+        return str(c10d._world.pg_names.get(pg, ""))  # noqa: SLF001 - torch's only record of a group's name there
     except Exception:  # noqa: BLE001 - a stand-in group in a test, or a torch without it
         return ""
 

@@ -60,7 +60,7 @@ def _int_or_none(value: Any) -> int | None:
 
 
 @contained(default=(None, None))
-def init_rank(wrapped: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[int | None, int | None]:
+def init_rank(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, int | None]:
     """The rank and world size ``init_process_group`` is called with (arguments, then the
     ``tcp://...?rank=&world_size=`` URL); None for what only the environment knows (``env://``)."""
     bound = inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
@@ -76,7 +76,7 @@ def init_rank(wrapped: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) 
 def wrapper(tracker: StepTracker, function: str) -> Callable[..., Any]:
     span_name, boundary = FUNCTIONS[function]
 
-    def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def wrap(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if function == "init_process_group" and tracker.dormant:
             tracker.claim_if_dormant(*init_rank(wrapped, args, kwargs))
         if function == "destroy_process_group":
@@ -120,7 +120,7 @@ def _track(tracker: StepTracker) -> None:
 
     collectives = tracker.collectives
     if collectives is None:
-        collectives = CollectiveTracker(step_number=lambda: tracker._number, route=taken)  # noqa: SLF001
+        collectives = CollectiveTracker(step_number=lambda: tracker._number, route=taken)  # noqa: SLF001 - the step tracker's step count, read by the collectives it owns
         tracker.collectives = collectives
         alert_context.add(collectives.alert_attributes)
     collectives.attach(dist.group.WORLD)
@@ -129,7 +129,7 @@ def _track(tracker: StepTracker) -> None:
 
 
 @contained(default=None)
-def _untrack(tracker: StepTracker, args: tuple, kwargs: dict[str, Any]) -> None:
+def _untrack(tracker: StepTracker, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Unhook before torch destroys the group(s): the hooks hold the group alive."""
     if tracker.collectives is not None:
         group = args[0] if args else kwargs.get("group")
@@ -138,7 +138,7 @@ def _untrack(tracker: StepTracker, args: tuple, kwargs: dict[str, Any]) -> None:
 
 @contained(default=None)
 def _begin(tracker: StepTracker, span_name: str, boundary: bool, function: str,
-           args: tuple, kwargs: dict[str, Any]) -> Any:
+           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     attributes: dict[str, Any] = {sc.INSTRUMENTATION_SOURCE: SOURCE}
     if function == "init_process_group":
         backend = args[0] if args else kwargs.get("backend")

@@ -40,20 +40,20 @@ def flight_recorder(backends: Iterable[str], max_entries: int = MAX_FR_ENTRIES,
         return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: "flight recorder off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"}
     try:
         import torch._C._distributed_c10d as c10d
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - a torch without c10d: the alert says why there are no entries
         return {sc.COLLECTIVE_FLIGHT_RECORDER_ERROR: f"flight recorder unavailable: {error}"}
     entries: list[dict[str, Any]] = []
     errors = []
     for backend in sorted(set(backends)):
         try:
             if backend == "nccl":
-                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=only_active)  # noqa: SLF001
+                raw = c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=only_active)  # type: ignore[attr-defined]  # NCCL builds register it; torch's _distributed_c10d.pyi omits it  # noqa: SLF001 - torch's only way to read its NCCL flight recorder
             else:
                 try:
-                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active,  # noqa: SLF001
+                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active,  # noqa: SLF001 - torch's only way to read its flight recorder
                                                    backend=backend)
                 except TypeError:  # torch before the recorder per backend (2.11): one recorder for every group
-                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active)  # noqa: SLF001
+                    raw = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active)  # noqa: SLF001 - torch's only way to read its flight recorder
             dump = json.loads(raw)
         except Exception as error:  # noqa: BLE001 - no recorder for this backend
             errors.append(f"{backend}: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")

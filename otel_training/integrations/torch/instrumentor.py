@@ -29,25 +29,28 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]  # the module opens with a file-wide ignore comment: mypy sees none of its names
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_training._contain import call_contained, log_once
 from otel_training._sdk_compat import instrumentation_check, suppression_keys
+
+if TYPE_CHECKING:
+    from otel_training.integrations.torch.steps import StepTracker
 
 _DATALOADER_ITER = "torch.utils.data.dataloader"
 _DCP = "torch.distributed.checkpoint"
 _instrumentation_enabled = instrumentation_check()
 
 
-class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInstrumentor is Any to mypy (see its import)
     """Steps, data waits, checkpoints and process-group setup of a PyTorch loop as spans."""
 
     #: The step tracker while instrumented (framework callbacks suspend it).
-    tracker: Any = None
+    tracker: StepTracker | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("torch >= 2.1",)
@@ -158,14 +161,14 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 patch_dcp()
             else:
                 wrapt.register_post_import_hook(lambda module: self._when_imported(generation, patch_dcp), _DCP)
-        tracker._arm_forward()
+        tracker._arm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: the instrumentor that made it starts it
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation = getattr(self, "_generation", 0) + 1
         for undo in reversed(getattr(self, "_undo", [])):
             try:
                 undo()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - one patch that cannot be undone must not keep the others in place
                 log_once("torch-uninstrument", "otel_training: could not undo a torch patch")
         self._undo = []
         TorchInstrumentor.tracker = None
@@ -184,12 +187,12 @@ def suspend_steps() -> Callable[[], None]:
     tracker.close()
     tracker.loop.close()  # the framework's own train and epoch spans frame what follows
     tracker.suspended = True
-    tracker._disarm_forward()
+    tracker._disarm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: suspending it is the instrumentor's call
 
     def undo() -> None:
         tracker.suspended = previous
         if not previous:
-            tracker._arm_forward()
+            tracker._arm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: resuming it is the instrumentor's call
 
     return undo
 
@@ -225,7 +228,7 @@ def _missing(owner: Any, name: str) -> None:
 
 def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     """Inside ``suppress_instrumentation()`` the patched function runs as if it were not patched."""
-    def gated(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def gated(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not _instrumentation_enabled():
             return wrapped(*args, **kwargs)
         return wrapper(wrapped, instance, args, kwargs)
@@ -269,7 +272,7 @@ def _native_gate(core: Any = _ASK) -> Callable[..., Any] | None:
 
     def gate(begin: Callable[..., Any], end: Callable[..., Any], fetch: bool,
              wrapped: Callable[..., Any]) -> Callable[..., Any]:
-        return gate_type(begin, end, variable, key, plain, fetch, wrapped)  # type: ignore[no-any-return]
+        return gate_type(begin, end, variable, key, plain, fetch, wrapped)  # type: ignore[no-any-return]  # the C extension is untyped: a Gate is the callable stand-in
 
     return gate
 
@@ -323,7 +326,7 @@ def _backward_wrapper(tracker: Any, wrapped: Callable[..., Any], gate: Callable[
 
 
 def _scaler_wrapper(tracker: Any) -> Callable[..., Any]:
-    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         before = tracker.optimizer_calls
         result = wrapped(*args, **kwargs)
         if tracker.optimizer_calls == before:

@@ -31,8 +31,8 @@ class LoaderLengths:
         the iterator starts over.
         """
         try:
-            yielded = iterator._num_yielded
-        except Exception:  # noqa: BLE001 - not a DataLoader iterator
+            yielded = iterator._num_yielded  # noqa: SLF001 - torch's count of the batches a DataLoader iterator gave, public nowhere
+        except Exception:  # noqa: BLE001 - not a DataLoader iterator (an attribute getter may raise anything)
             return False
         reference, length = self._length_of
         if yielded == 0 or reference() is not iterator:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -52,9 +53,9 @@ class LoopSpans:
         self._trainer = trainer
         self._train: Duration | None = None
         self._epoch: Duration | None = None
-        #: The iterator of the epoch open now (a weak reference; None: none): read by the fetch hook, which calls
-        #: ``fetched`` only for another iterator (a new epoch's first fetch).
-        self.epoch_iterator: weakref.ReferenceType[Any] | None = None
+        #: The iterator of the epoch open now (a weak reference, or a closure for an iterator without them; None:
+        #: none): read by the fetch hook, which calls ``fetched`` only for another iterator (a new epoch's first fetch).
+        self.epoch_iterator: Callable[[], object] | None = None
         self._epochs = 0
         #: The context the loop's work begins in: its epoch's or its train span's, or None (the caller's).
         #: An attribute, not a property: the step tracker reads it on every step. Read-only outside.
@@ -109,7 +110,7 @@ class LoopSpans:
         try:
             self.epoch_iterator = weakref.ref(iterator)
         except TypeError:  # an iterator without weak references: kept by identity until the next one
-            self.epoch_iterator = lambda: iterator  # type: ignore[assignment]
+            self.epoch_iterator = lambda: iterator
 
     def end_epoch(self) -> None:
         epoch, self._epoch, self.epoch_iterator = self._epoch, None, None

@@ -71,7 +71,7 @@ class NestedWork:
             return
         duration, ctx = token
         if error is not None and not isinstance(error, StopIteration):
-            end: Callable[[], None] = lambda: duration.fail(error)  # noqa: E731
+            end: Callable[[], None] = lambda: duration.fail(error)  # noqa: E731 - one name for either ending, run in ctx below
         else:
             end = duration.end
         if ctx is not None:

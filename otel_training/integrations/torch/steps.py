@@ -40,7 +40,6 @@ from opentelemetry.trace import TracerProvider
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training._sdk_compat import instrumentation_check
-from otel_training.events.duration import Duration
 from otel_training.events.predefined import TrainerProcess
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_kinds import StepDuration, new_step
@@ -75,7 +74,7 @@ class StepTracker(Dormancy, NestedWork):
         self.optimizer_calls = 0
         self._owner: int | None = None
         self._number = 0
-        self._step: Duration | None = None
+        self._step: StepDuration | None = None
         self._ctx: contextvars.Context | None = None
         self._expected: frozenset[int] | None = None
         self._just_closed = False
@@ -177,7 +176,7 @@ class StepTracker(Dormancy, NestedWork):
         """End the open step (also called on shutdown and uninstrument)."""
         try:
             self._close()
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - a step's end at shutdown or uninstrument: _failed logs it, never raised into the loop
             self._failed("close")
 
     def _close(self) -> None:
@@ -272,7 +271,7 @@ class StepTracker(Dormancy, NestedWork):
                         self.loop.begin_evaluation()
                 self._fetched = self._step is not None
             return None if exhausted else time.time_ns()  # a fetch that only raises StopIteration is no wait
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - inside the user's DataLoader fetch: _failed logs it, never raised into the loop
             self._failed("fetch_begin")
             return None
 
@@ -292,7 +291,7 @@ class StepTracker(Dormancy, NestedWork):
             if ended - started >= self._wait_span_min_ns or (error is not None
                                                              and not isinstance(error, StopIteration)):
                 self._wait_span(started, ended, step, error)
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - inside the user's DataLoader fetch: _failed logs it, never raised into the loop
             self._failed("fetch_end")
 
     def _wait_span(self, started: int, ended: int, step: StepDuration | None,
@@ -317,7 +316,7 @@ class StepTracker(Dormancy, NestedWork):
                 step = None
             if step is None:
                 self._open()
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - inside the user's backward(): _failed logs it, never raised into the loop
             self._failed("backward_begin")
 
     def backward_end(self) -> None:
@@ -325,7 +324,7 @@ class StepTracker(Dormancy, NestedWork):
             # A step is open only while the tracker records (never dormant or suspended): the thread decides.
             if self._step is not None and threading.get_ident() == self._owner:
                 self._backward_ends.append(time.time_ns())
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - inside the user's backward(): _failed logs it, never raised into the loop
             self._failed("backward_end")
 
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -341,7 +340,7 @@ class StepTracker(Dormancy, NestedWork):
                 return
             if not self._just_closed:
                 self._open()  # a loop that sets gradients by hand: the iteration is the optimizer step
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - torch's optimizer step pre-hook: _failed logs it, never raised into optimizer.step()
             self._failed("optimizer_pre")
 
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -357,7 +356,7 @@ class StepTracker(Dormancy, NestedWork):
                     self._stepped_once(optimizer, skipped=False)
             elif self._enabled() and self._here():
                 self._stepped_once(optimizer, skipped=False)
-        except Exception:  # noqa: BLE001 - never into the loop
+        except Exception:  # noqa: BLE001 - torch's optimizer step post-hook: _failed logs it, never raised into optimizer.step()
             self._failed("optimizer_post")
 
     @contained(default=None)

@@ -22,13 +22,43 @@ from .binaries import Binaries, cached_binary_paths, ensure_binaries, missing_pr
 from .native import COMPONENTS, Stack
 from .polling import http_get, http_ok, wait_until
 from .ports import Ports, free_ports, shared_port
-from .render import (DEFAULT_WEBHOOK_URL, clean_env, collector_env, jaeger_env, render_alertmanager,
-                     render_prometheus, render_rules)
+from .render import (
+                     DEFAULT_WEBHOOK_URL,
+                     clean_env,
+                     collector_env,
+                     jaeger_env,
+                     render_alertmanager,
+                     render_prometheus,
+                     render_rules,
+)
 from .supervisor import Component, Supervisor
 
 __all__ = [
-    "CONFIG_DIR", "COMPONENTS", "DEFAULT_WEBHOOK_URL", "LOOPBACK", "REPO", "Binaries", "Component", "Ports", "Stack",
-    "StackError", "Supervisor", "cache_dir", "cached_binary_paths", "clean_env", "collector_env", "default_run_dir",
-    "ensure_binaries", "free_ports", "http_get", "http_ok", "jaeger_env", "missing_prerequisites", "render_alertmanager",
-    "render_prometheus", "render_rules", "shared_port", "wait_until",
+                     "COMPONENTS",
+                     "CONFIG_DIR",
+                     "DEFAULT_WEBHOOK_URL",
+                     "LOOPBACK",
+                     "REPO",
+                     "Binaries",
+                     "Component",
+                     "Ports",
+                     "Stack",
+                     "StackError",
+                     "Supervisor",
+                     "cache_dir",
+                     "cached_binary_paths",
+                     "clean_env",
+                     "collector_env",
+                     "default_run_dir",
+                     "ensure_binaries",
+                     "free_ports",
+                     "http_get",
+                     "http_ok",
+                     "jaeger_env",
+                     "missing_prerequisites",
+                     "render_alertmanager",
+                     "render_prometheus",
+                     "render_rules",
+                     "shared_port",
+                     "wait_until",
 ]

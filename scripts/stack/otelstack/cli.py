@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
+from . import opensearch_home
 from ._base import StackError, default_run_dir
 from .binaries import cached_binary_paths, ensure_binaries, missing_prerequisites
 from .jaeger_binary import JAEGER_BINARY_ENV, BadJaegerBinary, JaegerBinary, resolve, serves_ui
 from .native import Stack
-from . import opensearch_home
 
 #: The command that runs this CLI, as the docs spell it.
 SCRIPT = "scripts/stack/stack.py"

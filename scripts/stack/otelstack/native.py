@@ -165,7 +165,7 @@ class Stack:
         }
 
     # -- lifecycle ------------------------------------------------------------
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         self.start()
         return self
 
@@ -204,7 +204,7 @@ class Stack:
         self.supervisor.add(jaeger, collector, *receiver, alertmanager, prometheus)
         assert tuple(name for name in self.supervisor.components if name != "webhook") == COMPONENTS
 
-    def start(self, attempts: int = 3) -> "Stack":
+    def start(self, attempts: int = 3) -> Stack:
         """Start all four processes and wait until each is healthy.
 
         A port taken between choosing it and binding it (another run) makes a
@@ -266,7 +266,7 @@ class Stack:
         return self.supervisor.status()
 
     @classmethod
-    def from_state(cls, run_dir: Path | str) -> "Stack":
+    def from_state(cls, run_dir: Path | str) -> Stack:
         """The stack recorded in ``run_dir`` by another process (its pids, never a reused one)."""
         s = cls(run_dir)
         s.supervisor = Supervisor.from_state(s.run_dir / "stack.json", s.run_dir)

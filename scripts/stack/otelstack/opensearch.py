@@ -87,7 +87,7 @@ class OpenSearchCluster:
         self.nodes: list[Node] = []
         self.supervisor = Supervisor(self.run_dir, startup_timeout=startup_timeout)
 
-    def __enter__(self) -> "OpenSearchCluster":
+    def __enter__(self) -> OpenSearchCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -98,7 +98,7 @@ class OpenSearchCluster:
         return [n.url for n in self.nodes]
 
     # -- lifecycle ------------------------------------------------------------
-    def start(self, attempts: int = 3) -> "OpenSearchCluster":
+    def start(self, attempts: int = 3) -> OpenSearchCluster:
         if self.home is None:
             self.home = opensearch_home.ensure_home(self.run_dir / "logs" / "opensearch-build.log")
         wrapper = userns_argv()

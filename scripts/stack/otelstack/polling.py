@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -65,6 +65,6 @@ class Ports:
     webhook: int = 0
 
     @classmethod
-    def allocate(cls) -> "Ports":
+    def allocate(cls) -> Ports:
         names = [f.name for f in fields(cls)]
         return cls(**dict(zip(names, free_ports(len(names)))))

@@ -5,8 +5,8 @@ that says it is up. The native stack and the agent/gateway topology both build f
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ._base import CONFIG_DIR, LOOPBACK
 from .ports import Ports

@@ -15,9 +15,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from otel_training._pids import pid_running
 
@@ -217,7 +217,7 @@ class Supervisor:
         self.state_file.write_text(json.dumps({**self.meta, "procs": procs}, indent=2))
 
     @classmethod
-    def from_state(cls, state_file: Path, cwd: Path) -> "Supervisor":
+    def from_state(cls, state_file: Path, cwd: Path) -> Supervisor:
         """The supervisor that wrote ``state_file``, as far as can be known: a pid whose command
         line is no longer the recorded binary (pids get reused) is forgotten, never signalled."""
         if not state_file.exists():

@@ -97,14 +97,14 @@ class Topology:
         self.supervisor = Supervisor(self.run_dir, startup_timeout=startup_timeout)
 
     # -- lifecycle ------------------------------------------------------------
-    def __enter__(self) -> "Topology":
+    def __enter__(self) -> Topology:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> "Topology":
+    def start(self) -> Topology:
         unshare = unshare_argv()
         if unshare is None:
             raise StackError("unshare --mount is not available here (the agents need a private /etc/hosts)")

@@ -38,10 +38,10 @@ def summary(notification: dict) -> str:
 
 def make_handler(out: Path, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self._answer(200 if self.path == "/-/ready" else 404)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             if self.path != PATH or not 0 < length <= MAX_BODY:
                 self._answer(404 if self.path != PATH else 413)
