@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from otel_training._version import __version__
 
 if TYPE_CHECKING:
+    from otel_training.assembly.configure import configure, get_telemetry
     from otel_training.config.parsers import ConfigError
     from otel_training.events.duration import Duration, current_duration
     from otel_training.events.lineage import set_lineage
     from otel_training.events.predefined import AgentProcess, MasterProcess, TrainerProcess
     from otel_training.events.process import Process
-    from otel_training.pipeline.configure import configure, get_telemetry
     from otel_training.pipeline.deadlines import FlushResult
     from otel_training.pipeline.telemetry import Telemetry
     from otel_training.processors.dlrover_log import DLRoverLogProcessor
@@ -45,9 +45,9 @@ _EXPORTS = {
     "StuckSpanProcessor": "otel_training.processors.stuck",
     "Telemetry": "otel_training.pipeline.telemetry",
     "TrainerProcess": "otel_training.events.predefined",
-    "configure": "otel_training.pipeline.configure",
+    "configure": "otel_training.assembly.configure",
     "current_duration": "otel_training.events.duration",
-    "get_telemetry": "otel_training.pipeline.configure",
+    "get_telemetry": "otel_training.assembly.configure",
     "set_lineage": "otel_training.events.lineage",
 }
 

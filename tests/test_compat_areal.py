@@ -462,8 +462,8 @@ def test_a_broken_pipeline_never_reaches_user_code_and_areal_files_are_still_wri
         raise ConfigError("option output_dir: cannot create the trace directory")
 
     from otel_training.compat.areal import scope, sessions
+    from otel_training.events import past_spans as spans
     from otel_training.events import process
-    from otel_training.integrations import spans
 
     for module in (process, spans, scope, sessions):  # where perf_tracer looks up the runtime
         monkeypatch.setattr(module, "runtime", broken)

@@ -289,9 +289,9 @@ def test_a_bad_environment_without_configure_fails_once_then_runs_disabled(
 ) -> None:
     import logging
 
+    from otel_training.assembly import configure as telemetry_module
     from otel_training.events import runtime as runtime_module
     from otel_training.lifecycle import hooks
-    from otel_training.pipeline import configure as telemetry_module
 
     monkeypatch.setattr(telemetry_module, "_current", None)  # no configure() call: the events API configures
     monkeypatch.setattr(runtime_module, "_runtime", None)

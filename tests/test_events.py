@@ -557,7 +557,7 @@ def test_a_thread_dying_of_an_exception_is_an_event_on_the_process_span(configur
 
 def test_a_span_recorded_after_the_fact_fails_like_a_duration_even_if_the_error_cannot_be_printed(configure) -> None:
     """One span factory: ``record_span`` records errors as ``Duration`` does (status first, never raising)."""
-    from otel_training.integrations.spans import record_span
+    from otel_training.events.past_spans import record_span
 
     class Unprintable(RuntimeError):
         def __str__(self) -> str:

@@ -52,7 +52,7 @@ def _makers() -> list[Any]:
 def _gate(which: str | None) -> Any:
     if which is None:
         return None
-    from otel_training.pipeline import configure as pipeline
+    from otel_training.assembly import configure as pipeline
 
     with pytest.MonkeyPatch.context() as patch:  # CI's fallback pass says off: these tests are the C gate's
         patch.setenv("OTEL_TRAINING_NATIVE", "auto")
@@ -214,7 +214,7 @@ def test_the_c_gate_refuses_what_it_cannot_call() -> None:
 
 
 def test_the_fallback_and_the_off_option_take_the_python_wrappers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from otel_training.pipeline import configure as pipeline
+    from otel_training.assembly import configure as pipeline
 
     class Configured:
         options = {"native": "off"}

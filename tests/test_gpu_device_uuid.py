@@ -196,9 +196,9 @@ def test_the_hello_carries_the_uuid_only_where_cuda_is_already_up(monkeypatch: p
 
 
 def test_the_drain_hands_the_hello_and_the_question_to_the_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_training.assembly.plugins import install_plugins
     from otel_training.config.options import resolve
     from otel_training.hardware import setup
-    from otel_training.pipeline.plugins import install_plugins
     from otel_training.pipeline.telemetry import Telemetry
 
     seen: dict[str, Any] = {}

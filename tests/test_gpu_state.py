@@ -35,7 +35,7 @@ from otel_training.hardware.gpu_state import GpuState, RemoteWithGpuState
 from otel_training.hardware.metrics import register_metrics
 from otel_training.hardware.nvml import load_nvml, visible_entry
 from otel_training.hardware.setup import device_ordinal, start_gpu_state
-from otel_training.pipeline.drain import Replayer, _Recorded
+from otel_training.pipeline.drain import RecordedIds, Replayer
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 from otel_training.processors import alert_context
 from otel_training.processors.stuck_actions import RemoteStacks
@@ -98,7 +98,7 @@ def test_values_become_metrics_with_the_device_attributes() -> None:
 
 def _replayer() -> tuple[Replayer, InMemorySpanExporter]:
     """The drain's replayer over a real SDK provider (as tests/test_record_check.py builds it)."""
-    ids = _Recorded()
+    ids = RecordedIds()
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({}), sampler=ids, id_generator=ids, shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -274,7 +274,7 @@ def test_nvml_missing_is_one_log_line_and_nothing_runs(caplog: pytest.LogCapture
 
 
 def test_in_process_pipeline_says_it_needs_offload(caplog: pytest.LogCaptureFixture) -> None:
-    from otel_training.pipeline.plugins import install_plugins
+    from otel_training.assembly.plugins import install_plugins
     from otel_training.pipeline.telemetry import Telemetry
 
     options = resolve({"exporter": "none", "metrics": False, "offload": False, "goodput": False}, environ={})

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("processors and exporters", ("_sdk_compat", "exporters", "processors", "hardware")),
     ("config", ("config",)),
     ("pipeline", ("pipeline", "lifecycle", "watchdog")),
+    ("assembly", ("assembly",)),  # configure(), the plugins, the drain's start: puts the layers inside together
     ("API", ("events",)),
     ("integrations", ("integrations", "compat")),
     ("report", ("report",)),
@@ -148,6 +149,40 @@ def test_no_import_cycles():
         if module not in index:
             visit(module)
     assert cycles == []
+
+
+def _folder(module: str) -> str:
+    """A module's folder (``otel_training.pipeline.drain`` -> ``pipeline``); a top-level module is its own."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_folder_imports_back_up_even_within_a_layer():
+    """Folders import one way: two folders of one layer (pipeline/ and watchdog/, integrations/ and compat/)
+    never import each other, whichever modules do it, so the layer diagram can draw every folder in one order."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module in sorted(MODULES):
+        for target, line in imports_of(module):
+            pair = (_folder(module), _folder(target))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, []).append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} -> {target}")
+    both_ways = [f"{a}/ <-> {b}/: {edges[(a, b)][0]} and {edges[(b, a)][0]}"
+                 for (a, b) in sorted(edges) if a < b and (b, a) in edges]
+    assert both_ways == [], "\n".join(both_ways)
+    # and no longer loop through three or more folders: an order exists (Kahn's algorithm over the folders)
+    folders = {folder for pair in edges for folder in pair}
+    incoming = {folder: {a for (a, b) in edges if b == folder} for folder in folders}
+    ordered: list[str] = []
+    ready = sorted(folder for folder in folders if not incoming[folder])
+    while ready:
+        folder = ready.pop()
+        ordered.append(folder)
+        for other in folders:
+            if folder in incoming[other]:
+                incoming[other].discard(folder)
+                if not incoming[other] and other not in ordered and other not in ready:
+                    ready.append(other)
+    assert sorted(ordered) == sorted(folders), sorted(folders - set(ordered))
 
 
 def test_the_check_sees_lazy_and_relative_imports(tmp_path: Path):

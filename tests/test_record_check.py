@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_training.pipeline.drain import Replayer, _Recorded
+from otel_training.pipeline.drain import RecordedIds, Replayer
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.record_tracer import RecordTracerProvider
 
@@ -26,7 +26,7 @@ class _Pipeline:
     """What the replayer needs of the drain's ``Telemetry``: a real SDK provider and exporter (a unit test)."""
 
     def __init__(self) -> None:
-        self.ids = _Recorded()
+        self.ids = RecordedIds()
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(resource=Resource.create({}), sampler=self.ids, id_generator=self.ids,
                                               shutdown_on_exit=False)

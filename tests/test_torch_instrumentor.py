@@ -424,7 +424,7 @@ def test_instrumentation_errors_never_reach_the_training_loop(instrumented, monk
 @pytest.fixture
 def unconfigured(monkeypatch):
     """This process as a freshly spawned one: nothing configured yet."""
-    from otel_training.pipeline import configure as telemetry_module
+    from otel_training.assembly import configure as telemetry_module
 
     monkeypatch.setattr(telemetry_module, "_current", None)
 
@@ -440,7 +440,7 @@ def test_dormant_instrumentation_records_and_configures_nothing_until_the_proces
         configure, unconfigured, tmp_path: Path):
     import torch.distributed as dist
 
-    from otel_training.pipeline.configure import get_telemetry
+    from otel_training.assembly.configure import get_telemetry
 
     claims = []
 
@@ -486,7 +486,7 @@ def test_dormant_instrumentation_records_and_configures_nothing_until_the_proces
 @pytest.mark.parametrize("outcome", ["refused", "raises"])
 def test_a_refused_or_failing_claim_leaves_the_process_uninstrumented_and_training(
         unconfigured, outcome, tmp_path: Path):
-    from otel_training.pipeline.configure import get_telemetry
+    from otel_training.assembly.configure import get_telemetry
 
     claims = []
 

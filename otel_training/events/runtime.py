@@ -19,8 +19,8 @@ from opentelemetry.trace import Link, Span, Tracer, TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._version import __version__
+from otel_training.assembly import configure as _pipeline
 from otel_training.events.values import PendingValues
-from otel_training.pipeline import configure as _pipeline
 from otel_training.pipeline.record_tracer import RecordTracer
 from otel_training.pipeline.telemetry import Telemetry
 

@@ -19,9 +19,9 @@ from transformers import TrainerCallback
 
 from otel_training import semconv as sc
 from otel_training._contain import contained
+from otel_training.events.past_spans import record_span
 from otel_training.events.predefined import TrainerProcess
 from otel_training.integrations.callbacks import CallbackSpans
-from otel_training.integrations.spans import record_span
 
 SOURCE = "transformers"
 

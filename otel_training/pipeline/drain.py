@@ -23,17 +23,13 @@ from __future__ import annotations
 import fnmatch
 import logging
 import marshal
-import os
-import pickle
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
@@ -53,14 +49,11 @@ from opentelemetry.trace import (
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
-from otel_training._native_loader import native
-from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring
+from otel_training._ring import DRAIN_FIELDS, Ring
 from otel_training.pipeline.device_steps import DeviceSteps
 from otel_training.pipeline.host_gaps import HostGaps
-from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.record_check import check_record
 from otel_training.pipeline.records import BEGIN, CLOSE, DEVICE, DEVICE_INFO, END, FLUSH, SCOPE, STACKS, VALUES
-from otel_training.pipeline.responder import Requests
 from otel_training.pipeline.telemetry import Telemetry
 from otel_training.processors.stuck import parse_span_names
 from otel_training.processors.stuck_alerts import alert_attributes, end_alert_span
@@ -73,10 +66,10 @@ _LAST_EXPORT_S = 0.25
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: How long the drain sleeps when the ring is empty, and how often it publishes its counts.
 POLL_S = 0.002
-_PUBLISH_S = 0.05
+PUBLISH_S = 0.05
 
 
-class _Recorded(IdGenerator, Sampler):
+class RecordedIds(IdGenerator, Sampler):
     """Hands the SDK what the training process decided: ids, sampling decision and trace state.
 
     Once, and only to the replaying thread: spans the drain's own processors make (stuck
@@ -134,7 +127,7 @@ def _links(links: list[tuple[Any, ...]] | None) -> list[Link] | None:
 class Replayer:
     """Records in, SDK spans out, through ``telemetry``'s provider (built with ``ids`` as its id generator)."""
 
-    def __init__(self, telemetry: Telemetry, ids: _Recorded,
+    def __init__(self, telemetry: Telemetry, ids: RecordedIds,
                  decode_fast: Callable[[bytes], tuple[Any, ...]] | None = None,
                  on_stacks: Callable[[int, str, Any], None] = lambda request_id, stacks, context: None) -> None:
         self.telemetry = telemetry
@@ -289,7 +282,8 @@ class DrainTelemetry(Telemetry):
         """None here: the training process reports drops, its own and the drain's."""
 
 
-def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0) -> None:
+def publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0) -> None:
+    """The drain's counts, where the training process reads them (``DRAIN_FIELDS``)."""
     exported, dropped, pending = telemetry._counts()  # noqa: SLF001 - the counts of the pipeline the drain built, published to the ring
     for field, value in (("replayed", replayer.replayed), ("orphans", replayer.ends_without_begin),
                          ("exported", exported), ("dropped", dropped),
@@ -297,62 +291,6 @@ def _publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0
                          ("bad", replayer.bad),
                          ("flushed", replayer.flush_token)):
         ring.put(DRAIN_FIELDS[field], value)
-
-
-def run(ring: Ring, hello: dict[str, Any]) -> int:
-    """Drain until the close record or the training process's end; returns the exit status."""
-    ids = _Recorded()
-    telemetry = DrainTelemetry(hello["options"], resource=Resource(hello["resource"], hello.get("schema_url")),
-                               tracing={"sampler": ids, "id_generator": ids})
-    watchdog = bool(hello.get("watchdog"))  # the sidecar's work is this drain's (responder.py)
-    requests = (Requests(hello["requests_fd"], hello["pid"], telemetry.options["exit_timeout_s"] + 1.0,
-                         py_spy=watchdog) if hello.get("requests_fd") is not None else None)
-    on_end = install_plugins(telemetry, requests, spans_of_this_process=False, device_uuids=hello.get("device_uuids"),
-                             ask_device_uuid=requests.device_uuid if requests is not None else None)
-    extension = native(hello["options"]["native"])
-    replayer = Replayer(telemetry, ids, extension.decode if extension is not None else None,
-                        requests.deliver if requests is not None else lambda request_id, stacks, context: None)
-    replayer.on_end = replayer.device_steps.on_end = on_end
-    if extension is not None:  # from now on the training process may write fast records
-        ring.put(DRAIN_FIELDS["caps"], CAP_FAST_RECORDS)
-    ring.put(DRAIN_FIELDS["pid"], os.getpid())  # last: a drain whose pid is published has said what it reads
-    parent = hello["pid"]
-    published = 0.0
-    while not replayer.closed:
-        records = ring.read()
-        replayer.apply_all(records)
-        now_ns = time.time_ns()
-        replayer.device_steps.tick(now_ns)
-        replayer.host_gaps.tick(now_ns)
-        telemetry.values_tick()
-        if ring.corrupt:
-            log_once("ring-corrupt", "otel_training: the offload ring held bytes that were not records (damaged "
-                     "shared memory); they were skipped and the spans in them are lost")
-        now = time.monotonic()
-        if now - published >= _PUBLISH_S or replayer.flush_token > ring.get(DRAIN_FIELDS["flushed"]):
-            _publish(ring, telemetry, replayer)
-            published = now
-        if not records:
-            if os.getppid() != parent:  # the training process is gone: export what it wrote
-                replayer.closing()
-                replayer.apply_all(ring.read(1 << 62))
-                break
-            time.sleep(POLL_S)
-    replayer.host_gaps.abandon(time.time_ns())
-    replayer.device_steps.abandon("the device work of this step had not completed when the training process "
-                                  "closed its pipeline" if replayer.closed else "the training process ended")
-    if replayer.open and not replayer.closed:  # killed (SIGKILL, the OOM killer): what it began survives here
-        report_death(telemetry, replayer.open, parent, alert=watchdog)
-    lost = len(replayer.open)
-    if lost and not replayer.closed:
-        logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
-    if requests is not None:
-        requests.close()  # the training process's responder sees the end of the pipe and stops
-    replayer.closing()
-    telemetry.shutdown(timeout_s=max(0.1, replayer.exit_deadline - time.monotonic()))  # type: ignore[operator]  # closing() just set it
-    _publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
-    ring.put(DRAIN_FIELDS["done"], 1)
-    return 0
 
 
 def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int, *, alert: bool) -> None:
@@ -391,20 +329,3 @@ def report_death(telemetry: Telemetry, open_spans: dict[int, SDKSpan], pid: int,
 #: and flushes its spans, and stops by itself when that process has closed it or is gone. The training
 #: process blocks these while it starts the drain (offload.py).
 IGNORED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-
-
-def main(argv: list[str]) -> int:
-    logging.basicConfig(format="%(message)s")
-    for signum in IGNORED_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)  # blocked since the fork: now ignored
-    hello = pickle.load(sys.stdin.buffer)  # from the training process, over the pipe it made: trusted
-    ring = Ring.attach(int(argv[1]), hello["options"]["native"])
-    try:
-        return run(ring, hello)
-    finally:
-        ring.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

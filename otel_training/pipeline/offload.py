@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ from otel_training.exporters.spool import spool_file
 from otel_training.pipeline.device_records import STAT_KEYS, DeviceRecorder, start_recorder
 from otel_training.pipeline.drain import IGNORED_SIGNALS
 from otel_training.pipeline.outputs import check_output_dir
-from otel_training.pipeline.plugins import end_spans_before_stuck_exit
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
 from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
 from otel_training.pipeline.responder import Responder, cuda_uuid
@@ -76,9 +75,12 @@ def offload_by_default(native: str) -> bool:
 class OffloadTelemetry(Telemetry):
     """A ``Telemetry`` whose spans are records for a drain process (see the module docstring)."""
 
-    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, options: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
+                 before_stuck_exit: Callable[[Telemetry], None] | None = None, **kwargs: Any) -> None:
+        """``before_stuck_exit``: what ends the open spans before ``stuck_action="exit"`` exits this process
+        (the assembly hands the lifecycle hooks' own, ``assembly/plugins.py``)."""
         check_offload(options)
+        self._before_stuck_exit = before_stuck_exit
         self._ring: Ring | None = None
         self._drain: subprocess.Popen[bytes] | None = None
         self._drain_gone = False
@@ -155,7 +157,7 @@ class OffloadTelemetry(Telemetry):
         # (pipeline/responder.py).
         asked, ask = os.pipe()
         try:
-            process = subprocess.Popen([sys.executable, "-m", "otel_training.pipeline.drain", str(ring.fd)],
+            process = subprocess.Popen([sys.executable, "-m", "otel_training.assembly.drain", str(ring.fd)],
                                        stdin=subprocess.PIPE, env=env, pass_fds=(ring.fd, ask),
                                        start_new_session=True)
         except BaseException:
@@ -198,7 +200,8 @@ class OffloadTelemetry(Telemetry):
         step first), flush within the exit budget and exit with ``code`` for the launcher to restart."""
         logger.warning("otel_training: exiting with code %d (a stuck span) so the launcher restarts this rank", code)
         try:
-            end_spans_before_stuck_exit(self)
+            if self._before_stuck_exit is not None:
+                self._before_stuck_exit(self)
             self.force_flush(timeout_s=self.options["exit_timeout_s"])
         finally:
             os._exit(code)

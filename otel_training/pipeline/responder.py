@@ -122,6 +122,10 @@ def cuda_uuid(ordinal: int) -> str | None:
                                           .removeprefix("MIG-")) else None
 
 
+#: Every thread's stack of a process that cannot answer, read from outside it: (stacks, None) or (None, why not).
+StacksReader = Callable[[int], "tuple[str | None, str | None]"]
+
+
 class Requests:
     """The drain's side, the stuck detector's ``RemoteProcess``: asks (bounded), and takes the answers.
 
@@ -129,13 +133,14 @@ class Requests:
     """
 
     def __init__(self, fd: int, pid: int, exit_wait_s: float, wait_s: float = ANSWER_WAIT_S,
-                 py_spy: bool = False) -> None:
+                 py_spy: StacksReader | None = None) -> None:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)  # never block a detector
         self._fd = fd
         self._pid = pid
         self._exit_wait_s = exit_wait_s
         self._wait_s = wait_s
-        #: ``watchdog=True``: a process that does not answer has its stacks read by py-spy, as the sidecar does.
+        #: ``watchdog=True``: a process that does not answer has its stacks read by py-spy, as the sidecar does
+        #: (the assembly hands the watchdog's reader, ``watchdog/monitor.py``).
         self._py_spy = py_spy
         self._lock = threading.Lock()
         self._next = 0
@@ -145,11 +150,9 @@ class Requests:
         """The training process's stacks, the stuck thread's first, and its alert context, within ``wait_s``;
         else py-spy's stacks (with ``watchdog=True``), or none and why (``RemoteProcess.stacks``)."""
         stacks, missing, context = self._ask_for_stacks(thread_id)
-        if stacks is not None or not self._py_spy:
+        if stacks is not None or self._py_spy is None:
             return RemoteStacks(stacks, None, missing, context)
-        from otel_training.watchdog.monitor import py_spy_stacks  # only for a process that does not answer
-
-        stacks, error = py_spy_stacks(self._pid)
+        stacks, error = self._py_spy(self._pid)  # only for a process that does not answer
         return RemoteStacks(stacks, "py-spy" if stacks is not None else None,
                             None if stacks is not None else f"{missing}; {error}", context)
 

@@ -19,7 +19,7 @@ from otel_training._contain import log_once
 from otel_training._text import text
 from otel_training.compat.areal.config import _TARGET
 from otel_training.events.attributes import to_attributes
-from otel_training.integrations.spans import record_span
+from otel_training.events.past_spans import record_span
 
 
 class _TaskSpans:

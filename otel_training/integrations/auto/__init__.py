@@ -92,7 +92,7 @@ def role() -> str:
 def configure_owner() -> Any:
     """``configure()`` from the environment, and hand the job id down to descendants."""
     from otel_training import semconv as sc
-    from otel_training.pipeline.configure import configure
+    from otel_training.assembly.configure import configure
 
     telemetry = configure()
     job_id = telemetry.resource.attributes.get(sc.TRAINING_JOB_ID)
@@ -110,8 +110,8 @@ def claim_training_process(rank: int | None = None, world_size: int | None = Non
     code) keeps its pipeline. Returns True when the process is to be traced.
     """
     from otel_training import semconv as sc
+    from otel_training.assembly.configure import configure, get_telemetry
     from otel_training.config.resource import detect_training_identity
-    from otel_training.pipeline.configure import configure, get_telemetry
 
     with _claim_lock:
         if get_telemetry() is not None:

@@ -105,7 +105,7 @@ def _track(tracker: StepTracker) -> None:
     export the gauges through the pipeline the tracker records into."""
     if tracker.dormant:
         return
-    from otel_training.pipeline.configure import get_telemetry
+    from otel_training.assembly.configure import get_telemetry
 
     telemetry = get_telemetry()
     option = str(telemetry.options.get("collective_tracking", "auto")) if telemetry is not None else "auto"

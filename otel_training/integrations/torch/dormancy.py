@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training._contain import contained, log_once
-from otel_training.pipeline.configure import get_telemetry
+from otel_training.assembly.configure import get_telemetry
 
 #: ``claim(rank, world_size) -> bool``: configure a dormant process that began training.
 Claim = Callable[[Any, Any], bool]

@@ -242,8 +242,8 @@ def _native_core() -> tuple[Any, tuple[Any, Any, Any]] | None:
     ones: without the extension, with the ``native`` option ``off`` (the pipeline's, else the environment's and
     config file's), or where the suppression check cannot be read in C. Asked once, when torch is patched."""
     from otel_training import _native_loader
+    from otel_training.assembly.configure import get_telemetry
     from otel_training.config.options import resolve
-    from otel_training.pipeline.configure import get_telemetry
 
     telemetry = get_telemetry()
     try:

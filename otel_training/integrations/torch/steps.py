@@ -40,10 +40,10 @@ from opentelemetry.trace import TracerProvider
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
 from otel_training._sdk_compat import instrumentation_check
+from otel_training.events.past_spans import record_span
 from otel_training.events.predefined import TrainerProcess
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_kinds import StepDuration, new_step
-from otel_training.integrations.spans import record_span
 from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
 from otel_training.integrations.torch.loop_spans import LoopSpans

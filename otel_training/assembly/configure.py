@@ -1,4 +1,4 @@
-"""``configure()``: the one pipeline of this process, and the one global pointer to it.
+"""``configure()``: the one pipeline of this process, and the one global pointer to it (the assembly layer).
 
 ``get_telemetry()`` is the default the events API and the integrations use when
 they are given no pipeline of their own; everything else is handed its
@@ -17,10 +17,10 @@ from opentelemetry import trace as trace_api
 
 from otel_training._contain import call_contained
 from otel_training._sdk_compat import is_proxy_meter_provider
+from otel_training.assembly.plugins import end_spans_before_stuck_exit, install_plugins
 from otel_training.config import otel_env
 from otel_training.config.options import OPTIONS, resolve
 from otel_training.config.parsers import ConfigError
-from otel_training.pipeline.plugins import install_plugins
 from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
@@ -81,7 +81,7 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
     if resolved["offload"]:
         from otel_training.pipeline.offload import OffloadTelemetry
 
-        telemetry: Telemetry = OffloadTelemetry(resolved)
+        telemetry: Telemetry = OffloadTelemetry(resolved, before_stuck_exit=end_spans_before_stuck_exit)
     else:
         telemetry = Telemetry(resolved)
     try:
