@@ -71,15 +71,14 @@ def install_plugins(telemetry: Telemetry, remote: RemoteProcess | None = None, *
             from otel_training import watchdog
 
             slot = call_contained(watchdog.start, telemetry)
-        telemetry.stuck = StuckSpanProcessor.from_options(
+        telemetry.add_stuck_detector(StuckSpanProcessor.from_options(
             options, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider,
             flush=telemetry.force_flush, before_exit=lambda: end_spans_before_stuck_exit(telemetry),
             exit_flush_timeout_s=options["exit_timeout_s"], slot=slot, stacks=spans_of_this_process,
-            remote=remote)
-        telemetry.add_span_processor(telemetry.stuck)
+            remote=remote))
     # Live goodput, badput and step-time metrics (issue 6, docs/goodput.md).
     # Only with a metric reader: nothing would ever collect what it queues.
-    if telemetry.options["goodput"] and telemetry._metric_exporter is not None:  # noqa: SLF001 - the pipeline's own metric reader, which goodput needs
+    if telemetry.options["goodput"] and telemetry.metrics_exported:
         from otel_training.processors.goodput import GoodputSpanProcessor
 
         telemetry.add_span_processor(

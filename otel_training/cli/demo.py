@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stuck:
         options["stuck_threshold_s"] = args.stuck_threshold
     telemetry = otel_training.configure(**options)
-    stuck = getattr(telemetry, "stuck", None)
+    stuck = telemetry.stuck
     if stuck is not None:
         stuck.add_callback(_print_alert)
     summary = _Summary()

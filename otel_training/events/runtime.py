@@ -113,7 +113,7 @@ class EventsRuntime:
         if self.values is not None:
             telemetry.before_flush(self._settle_values)
         if tracer is None:
-            telemetry.process_span = self.process_span
+            telemetry.serve_process_span(self.process_span)
 
     def charge(self, trace_id: int) -> None:
         """Count one more span in ``trace_id``."""

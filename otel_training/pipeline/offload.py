@@ -39,6 +39,7 @@ from otel_training._contain import log_once
 from otel_training._native_loader import native
 from otel_training._native_loader import problem as native_problem
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
+from otel_training._version import __version__
 from otel_training.config.parsers import ConfigError
 from otel_training.exporters.otlp_json import trace_file
 from otel_training.exporters.spool import spool_file
@@ -48,7 +49,7 @@ from otel_training.pipeline.outputs import check_output_dir
 from otel_training.pipeline.record_tracer import RecordTracerProvider, processor_refused
 from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
 from otel_training.pipeline.responder import Responder, cuda_uuid
-from otel_training.pipeline.telemetry import Telemetry, _version
+from otel_training.pipeline.telemetry import Telemetry
 
 logger = logging.getLogger("otel_training")
 #: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.
@@ -100,7 +101,7 @@ class OffloadTelemetry(Telemetry):
         self.tracer_provider = RecordTracerProvider(  # type: ignore[assignment]  # offloaded, the provider makes records: the SDK's calls, not its class
             ring.write, self.resource, sampler, write_control=self._write_control, flush=self._flush_drain,
             close=self._close_drain, fast=ring.fast_records(), lineage=self.lineage)
-        self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL)
+        self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL)
         #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
         #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).
         self._stuck_thresholds: Any = None

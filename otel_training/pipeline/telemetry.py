@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from opentelemetry.trace import Span, Tracer
 from otel_training import semconv as sc
 from otel_training._contain import call_contained
 from otel_training._ids import PrivateIdGenerator
+from otel_training._version import __version__
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
 from otel_training.exporters.guarded import GuardedSpanExporter
@@ -41,9 +41,11 @@ from otel_training.pipeline.deadlines import FlushResult, millis, run_with_deadl
 from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.pipeline.exporters import metric_exporter, span_exporter
 from otel_training.pipeline.outputs import check_output_dir, default_exporter
+from otel_training.pipeline.span_counters import register_span_counters
 from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.late_values import LateValuesSpanProcessor
 from otel_training.processors.lineage import LineageSpanProcessor
+from otel_training.processors.watching import WatchingSpanProcessor
 
 if TYPE_CHECKING:
     from otel_training.processors.stuck import StuckSpanProcessor
@@ -83,13 +85,10 @@ class Telemetry:
         self.trace_path: Path | None = None
         #: Where undelivered spans are spooled (``spool_dir``), else None.
         self.spool_path: Path | None = None
-        #: The stuck detector the options turned on (``telemetry.stuck.add_callback``), else None.
-        self.stuck: StuckSpanProcessor | None = None
+        self._stuck: StuckSpanProcessor | None = None
         #: Stuck detectors in this pipeline (``stuck`` and any a user added): stopped before the last flush.
         self._detectors: list[SpanProcessor] = []
-        #: The events API's process-lifetime span of a target, once the API runs on this pipeline (the
-        #: lifecycle hooks record a thread's death on it; the pipeline does not import the API).
-        self.process_span: Callable[[str], Span] | None = None
+        self._process_span: Callable[[str], Span] | None = None
         self.metrics_path: Path | None = None
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
@@ -152,10 +151,10 @@ class Telemetry:
                                             **sdk_metrics)
 
         self.tracer: Tracer = self.tracer_provider.get_tracer(
-            sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
+            sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL
         )
         self.meter: Meter = self.meter_provider.get_meter(
-            sc.INSTRUMENTATION_SCOPE, _version(), schema_url=sc.SCHEMA_URL
+            sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL
         )
         self._register_counters()
         atexit.register(self._atexit)
@@ -173,32 +172,38 @@ class Telemetry:
         return metric_exporter(self.exporter_name, environ, self.metrics_path)
 
     def _register_counters(self) -> None:
-        self.meter.create_observable_counter(
-            sc.METRIC_SPANS_DROPPED,
-            callbacks=[self._observe_dropped],
-            unit="{span}",
-            description="Spans the exporter will never deliver (failed exports and queue overflow).",
-        )
-        self.meter.create_observable_counter(
-            sc.METRIC_SPAN_QUEUE_WAIT,
-            callbacks=[self._observe_queue_wait],
-            unit="s",
-            description="Time the threads ending spans waited for room in a full span queue.",
-        )
-        self.meter.create_observable_counter(
-            sc.METRIC_SPANS_SPOOLED,
-            callbacks=[self._observe_spooled],
-            unit="{span}",
-            description="Spans the collector could not take, written to the local spool instead.",
-        )
+        register_span_counters(self.meter, self._observe_dropped, self._observe_queue_wait, self._observe_spooled)
 
     # -- extension ----------------------------------------------------------
     def add_span_processor(self, processor: SpanProcessor) -> None:
         """Add a processor to this pipeline (stuck detection, goodput, DLRover log, yours)."""
         self.tracer_provider.add_span_processor(processor)
-        stuck = sys.modules.get("otel_training.processors.stuck")  # not loaded: it cannot be a detector
-        if stuck is not None and isinstance(processor, stuck.StuckSpanProcessor):
+        if isinstance(processor, WatchingSpanProcessor):  # stopped before the last flush (processors/watching.py)
             self._detectors.append(processor)
+
+    def add_stuck_detector(self, detector: StuckSpanProcessor) -> None:
+        """Add the stuck detector the options turned on, ``stuck`` from then on (``assembly/plugins.py``)."""
+        self.add_span_processor(detector)
+        self._stuck = detector
+
+    @property
+    def stuck(self) -> StuckSpanProcessor | None:
+        """The stuck detector the options turned on (``telemetry.stuck.add_callback``), else None."""
+        return self._stuck
+
+    def serve_process_span(self, process_span: Callable[[str], Span]) -> None:
+        """The events API's process-lifetime span of a target, once the API runs on this pipeline: the lifecycle
+        hooks record a thread's death on it (``process_span``), and the pipeline does not import the API."""
+        self._process_span = process_span
+
+    @property
+    def process_span(self) -> Callable[[str], Span] | None:
+        return self._process_span
+
+    @property
+    def metrics_exported(self) -> bool:
+        """Whether a metric reader exports this pipeline's metrics (live goodput needs one to be collected)."""
+        return self._metric_exporter is not None
 
     def shutdown_share_s(self, share: float) -> float:
         """``share`` of ``exit_timeout_s``, and of what is left of the shutdown in progress, if one is: what a
@@ -384,9 +389,3 @@ class Telemetry:
     def _atexit(self) -> None:
         if not self.is_shut_down:
             self.shutdown(timeout_s=self.exit_budget_s())
-
-
-def _version() -> str:
-    from otel_training._version import __version__
-
-    return __version__

@@ -41,7 +41,7 @@ from typing import Any
 from opentelemetry import metrics as metrics_api
 from opentelemetry.context import Context
 from opentelemetry.context import get_current as get_current_context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
 
 from otel_training import semconv as sc
 from otel_training._stacks import thread_stacks
@@ -56,6 +56,7 @@ from otel_training.processors.stuck_rules import (
     parse_span_names,
 )
 from otel_training.processors.thresholds import AdaptiveSettings, Threshold, ThresholdLearner
+from otel_training.processors.watching import WatchingSpanProcessor
 
 logger = logging.getLogger("otel_training")
 
@@ -81,7 +82,7 @@ class _Watched:
         self.after_the_fact = False
 
 
-class StuckSpanProcessor(SpanProcessor):
+class StuckSpanProcessor(WatchingSpanProcessor):
     """Raises ``training.alert`` spans for watched spans open longer than their threshold.
 
     ``span_names`` are span names or fnmatch patterns, optionally with their own
