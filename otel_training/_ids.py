@@ -15,15 +15,16 @@ draw its parent's ids). Its methods run in C under the GIL: threads may share it
 
 from __future__ import annotations
 
-import os
 import random
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from otel_training._fork import at_fork
+
 _generator = random.Random()  # seeded from os.urandom
 getrandbits = _generator.getrandbits
 
-os.register_at_fork(after_in_child=_generator.seed)
+at_fork(after_in_child=_generator.seed)  # a child draws ids of its own
 
 
 class PrivateIdGenerator(IdGenerator):

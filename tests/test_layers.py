@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "otel_training"
 
 #: Innermost first. A module may import its own layer and those before it, never one after.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("_text", "_files", "_contain", "_ids", "_pids", "_stacks", "_version", "_native", "_native_loader", "_ring", "semconv")),
+    ("base", ("_text", "_files", "_contain", "_fork", "_ids", "_pids", "_stacks", "_version", "_native", "_native_loader", "_ring", "semconv")),
     ("analysis", ("analysis",)),
     ("processors and exporters", ("_sdk_compat", "exporters", "processors", "hardware")),
     ("config", ("config",)),

@@ -37,10 +37,9 @@ fake asynchronous device; ``otel_training.events.cuda`` is the real one. Nothing
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
-import weakref
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace as trace_api
@@ -48,6 +47,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._fork import reset_in_child
 from otel_training.pipeline.device_steps import (
     RATE_KEYS,
     between_steps_attributes,
@@ -127,7 +127,7 @@ class DeviceTimeline:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-training-device", daemon=True)
         self._thread.start()
-        _timelines.add(self)
+        reset_in_child(self, methodcaller("_forked"))
         runtime.telemetry.on_shutdown(self.close)
 
     # -- the training thread: one marker record, a deque append ---------------
@@ -333,14 +333,3 @@ class DeviceTimeline:
 
 
 # -- finding the device ---------------------------------------------------------------
-#: Every live timeline, for the fork handler.
-_timelines: weakref.WeakSet[DeviceTimeline] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for timeline in list(_timelines):
-        timeline._forked()  # noqa: SLF001 - this module's own fork handler for the timelines it made
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -8,11 +8,11 @@ the drain makes the ``training.device_step`` spans and watches the time between 
 
 from __future__ import annotations
 
-import os
-import weakref
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from otel_training._contain import log_once
+from otel_training._fork import reset_in_child
 from otel_training.events import cuda as _cuda
 from otel_training.pipeline.device_records import DeviceRecorder
 from otel_training.pipeline.records import DEVICE_BEGIN, DEVICE_END
@@ -50,7 +50,7 @@ class NativeDeviceTimeline:
         self.failed = False
         self._runtime = runtime
         _cuda.capture_listeners.append(recorder.capture)
-        _timelines.add(self)
+        reset_in_child(self, methodcaller("_forked"))
         runtime.telemetry.on_shutdown(self.close)
 
     def begin_step(self, epoch: Any, awaiting_input: bool = False) -> _Step | None:
@@ -98,13 +98,3 @@ class NativeDeviceTimeline:
         self.recorder.forget()
 
 
-_timelines: weakref.WeakSet[NativeDeviceTimeline] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for timeline in list(_timelines):
-        timeline._forked()  # noqa: SLF001 - this module's own fork handler for the timelines it made
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -47,6 +47,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_training import semconv as sc
 from otel_training._contain import call_contained, contained
+from otel_training._fork import at_fork
 from otel_training._stacks import bounded, frame_stack, main_thread_frame
 from otel_training._text import text
 from otel_training.lifecycle import oneshot
@@ -395,4 +396,4 @@ def _after_fork_in_child() -> None:
         pass
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

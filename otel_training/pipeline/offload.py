@@ -25,8 +25,8 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_training import semconv as sc
 from otel_training._contain import log_once
+from otel_training._fork import reset_in_child
 from otel_training._native_loader import native
 from otel_training._native_loader import problem as native_problem
 from otel_training._ring import CAP_FAST_RECORDS, DRAIN_FIELDS, Ring, supported
@@ -109,7 +110,7 @@ class OffloadTelemetry(Telemetry):
             from otel_training.processors.stuck import StuckSpanProcessor
 
             self._stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
-        _instances.add(self)
+        reset_in_child(self, methodcaller("_forget_in_child"))
 
     def stuck_threshold_s(self, span_name: str) -> float | None:
         """The thresholds the options set (the detector runs in the drain; adaptive ones are learned there, so
@@ -328,12 +329,3 @@ class OffloadTelemetry(Telemetry):
         raise ConfigError(processor_refused(type(processor).__name__))
 
 
-_instances: weakref.WeakSet[OffloadTelemetry] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for telemetry in list(_instances):
-        telemetry._forget_in_child()  # noqa: SLF001 - the class's own fork handler, registered by its module
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

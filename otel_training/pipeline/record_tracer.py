@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import logging
 import marshal
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,6 +35,7 @@ from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind
 
 from otel_training import _native_loader
 from otel_training._contain import log_once
+from otel_training._fork import reset_in_child
 from otel_training._ids import getrandbits
 from otel_training._sdk_compat import SPAN_CONTEXT_IS_TUPLE, span_switch
 from otel_training.config.parsers import ConfigError
@@ -164,9 +163,6 @@ class RecordTracer(trace_api.Tracer):
             yield current
 
 
-_providers: weakref.WeakSet[RecordTracerProvider] = weakref.WeakSet()
-
-
 class RecordTracerProvider(trace_api.TracerProvider):
     """The training process's tracer provider when spans are offloaded (``offload=True``)."""
 
@@ -201,7 +197,7 @@ class RecordTracerProvider(trace_api.TracerProvider):
         #: Spans made in a forked child (not recorded), and records that could not be encoded.
         self.forked_spans = 0
         self.ring_drops = 0
-        _providers.add(self)
+        reset_in_child(self, _reset_in_child)
 
     def add_span_processor(self, processor: Any) -> None:
         """What code written for the SDK's provider calls on the global one: refused, saying why and the switch
@@ -246,15 +242,12 @@ class RecordTracerProvider(trace_api.TracerProvider):
         return False
 
 
-def _after_fork_in_child() -> None:
-    for provider in list(_providers):
-        provider.emit = provider._refuse_in_child  # noqa: SLF001 - the class's fork handler: the ring belongs to the parent
-        provider.fast = provider.begin_span = None  # their writes go to the parent's ring too
-        provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001 - the class's fork handler: the parent's ring again
-        provider._lock = threading.Lock()  # noqa: SLF001 - the class's fork handler: it may have been held at the fork
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _reset_in_child(provider: RecordTracerProvider) -> None:
+    """A forked child's copy: the ring is the parent's, so nothing of this provider writes to it."""
+    provider.emit = provider._refuse_in_child  # noqa: SLF001 - the class's fork reset: the ring belongs to the parent
+    provider.fast = provider.begin_span = None  # their writes go to the parent's ring too
+    provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001 - the class's fork reset: the parent's ring again
+    provider._lock = threading.Lock()  # noqa: SLF001 - the class's fork reset: it may have been held at the fork
 
 
 def _register_child() -> None:

@@ -25,7 +25,6 @@ import json
 import os
 import queue
 import threading
-import weakref
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,6 +36,7 @@ from opentelemetry.trace import StatusCode
 from otel_training import semconv as sc
 from otel_training._contain import log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
+from otel_training._fork import forget, reset_in_child
 from otel_training._text import CONTROL_ESCAPES, escape_controls
 
 _SKIP = (sc.EVENT_TARGET, sc.EVENT_NAME)
@@ -76,7 +76,7 @@ class DLRoverLogProcessor(SpanProcessor):
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
         self._stopped = False
         self._start_thread()
-        _processors.add(self)
+        reset_in_child(self, _reset_in_child)
 
     @property
     def dropped(self) -> int:
@@ -183,7 +183,7 @@ class DLRoverLogProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self._stopped = True
-        _processors.discard(self)
+        forget(self)  # a shut-down processor starts nothing in a child
         self.force_flush(1000)
         try:
             self._queue.put(_STOP, timeout=1.0)
@@ -192,14 +192,7 @@ class DLRoverLogProcessor(SpanProcessor):
         self._thread.join(1.0)
 
 
-_processors: weakref.WeakSet[DLRoverLogProcessor] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """One fork hook for all live processors; shut-down ones start nothing in the child."""
-    for processor in list(_processors):
-        if not processor._stopped:  # noqa: SLF001 - the processor's own fork handler, registered by its module
-            processor._after_fork()  # noqa: SLF001 - the same fork handler: a new writer thread in the child
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _reset_in_child(processor: DLRoverLogProcessor) -> None:
+    """A forked child's copy: a new writer thread, unless the processor was shut down (it starts nothing)."""
+    if not processor._stopped:  # noqa: SLF001 - the processor's own fork reset, registered by its class
+        processor._after_fork()  # noqa: SLF001 - the same fork reset: a new writer thread in the child

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal as signal_module
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from operator import methodcaller
 from typing import Any
 
 from opentelemetry import metrics as metrics_api
@@ -44,6 +43,7 @@ from opentelemetry.context import get_current as get_current_context
 from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
 
 from otel_training import semconv as sc
+from otel_training._fork import reset_in_child
 from otel_training._stacks import thread_stacks
 from otel_training.processors.stuck_actions import RemoteProcess, Slot, StuckActions, guarded, log_internal
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
@@ -142,7 +142,7 @@ class StuckSpanProcessor(WatchingSpanProcessor):
         self._clock = clock
         self._use_watcher = watcher
         self._reset_runtime_state()
-        _instances.add(self)
+        reset_in_child(self, methodcaller("_after_fork_in_child"))
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **kwargs: Any) -> StuckSpanProcessor:
@@ -382,16 +382,6 @@ class StuckSpanProcessor(WatchingSpanProcessor):
 _AFTER_THE_FACT = frozenset({sc.SPAN_DEVICE_STEP, sc.SPAN_BETWEEN_STEPS})
 #: A span begun longer ago than this when it reaches the detector is timed from its own start (replayed, backdated).
 _LATE_S = 0.05
-_instances: weakref.WeakSet[StuckSpanProcessor] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for processor in list(_instances):
-        processor._after_fork_in_child()  # noqa: SLF001 - the processor's own fork handler, registered by its module
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 __all__ = ["DEFAULT_FIRST_FACTOR", "DEFAULT_SPAN_NAMES", "MIN_THRESHOLD_S", "Slot", "StuckEvent", "StuckSpanProcessor",

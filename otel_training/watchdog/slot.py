@@ -24,8 +24,8 @@ import os
 import struct
 import subprocess
 import time
-import weakref
 from collections.abc import Mapping
+from operator import methodcaller
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -33,6 +33,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 
 from otel_training import semconv as sc
+from otel_training._fork import reset_in_child
 
 MAGIC = b"OTTWDG01"
 HEADER = struct.Struct("<8sIIqQQQQ")  # magic, version, reserved, pid, state, alerted span id, watchdog's span, count
@@ -96,7 +97,7 @@ class SlotWriter:
         self._span_id = 0
         #: The watchdog process reading this slot, when ``watchdog.start`` made it.
         self.process: subprocess.Popen[bytes] | None = None
-        _writers.add(self)
+        reset_in_child(self, methodcaller("_detach_after_fork"))
 
     def _detach_after_fork(self) -> None:
         # A forked child (a DataLoader worker) must not write the parent's slot,
@@ -149,15 +150,6 @@ class SlotWriter:
             pass  # already closed
 
 
-_writers: weakref.WeakSet[SlotWriter] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for writer in list(_writers):
-        writer._detach_after_fork()  # noqa: SLF001 - the writer's own fork handler, registered by its module
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SlotReader:

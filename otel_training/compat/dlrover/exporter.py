@@ -16,11 +16,12 @@ import queue
 import sys
 import threading
 import time
-import weakref
+from operator import methodcaller
 from typing import Any, TextIO
 
 from otel_training._contain import log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
+from otel_training._fork import forget, reset_in_child
 from otel_training.compat.dlrover.config import DEFAULT_QUEUE_SIZE, Config, get_rank
 from otel_training.compat.dlrover.event import Event, JsonFormatter, LogFormatter
 
@@ -135,7 +136,7 @@ class AsyncExporter(EventExporter):
         self._lost_at_close = 0
         self._leftover: list[Any] = []
         self.written = 0
-        _exporters.add(self)
+        reset_in_child(self, methodcaller("_after_fork"))
 
     @property
     def dropped(self) -> int:
@@ -231,7 +232,7 @@ class AsyncExporter(EventExporter):
         """Stop the thread and write what is queued, within ``timeout`` seconds in all; the rest is dropped."""
         deadline = time.monotonic() + timeout
         was_running, self._running = self._running, False
-        _exporters.discard(self)
+        forget(self)  # a shut-down exporter has nothing to redo in a child
         thread = self._thread
         if thread is not None and thread.is_alive():
             try:
@@ -271,15 +272,6 @@ def _drain(items: queue.Queue[Any]) -> list[Any]:
             return drained
 
 
-_exporters: weakref.WeakSet[AsyncExporter] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for exporter in list(_exporters):
-        exporter._after_fork()  # noqa: SLF001 - AsyncExporter's own fork hook, run by this module's at-fork handler
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- the process's default exporter -------------------------------------------
