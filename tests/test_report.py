@@ -611,3 +611,26 @@ def test_alerts_at_one_time_are_listed_in_rank_order_whatever_order_they_were_re
 
     assert ours(one) == sorted(runs) == ours(other)
     assert render_summary(one) == render_summary(other)
+
+
+def test_a_damaged_jaeger_answer_is_said_and_the_rest_is_read(tmp_path: Path) -> None:
+    """A span without its start or name, or a typed tag that is not of its type, never ends the report with a
+    traceback: the span is skipped and counted in a problem, a bad tag keeps its value, the rest is read."""
+    payload = _jaeger_payload()
+    spans = payload["data"][0]["spans"]
+    total = sum(len(trace["spans"]) for trace in payload["data"])
+    del spans[0]["startTime"]
+    spans[1].pop("operationName")
+    spans[2]["tags"].append({"key": "odd", "type": "int64"})  # no value
+    spans[2]["tags"].append({"key": "odder", "type": "float64", "value": "not a number"})
+    body = json.dumps(payload).encode()
+    with _serving(lambda path: (200, body) if path.startswith("/api/traces?") else (404, b"{}")) as (url, _):
+        records, problems = fetch(url, "crafted", lookback_s=10**9)
+        files, spooled = spool(url, "crafted", tmp_path / "spool", lookback_s=10**9, progress=False)
+    assert len(records) == total - 2
+    odd = next(record for record in records if record.span_id == spans[2]["spanID"])
+    assert odd.attributes["odd"] is None and odd.attributes["odder"] == "not a number"
+    for said in (problems, spooled):
+        assert any("2 span(s) without Jaeger's span fields were skipped" in str(problem)
+                   and spans[0]["spanID"] in str(problem) for problem in said), said
+    assert files

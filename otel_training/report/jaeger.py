@@ -29,19 +29,29 @@ _MICRO = 1000
 
 
 def _tags(tags: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A span's tags as attributes; a typed tag whose value is not of its type keeps the value it came with."""
     values: dict[str, Any] = {}
     for tag in tags or ():
-        value = tag.get("value")
-        if tag.get("type") == "int64":
-            value = int(value)  # type: ignore[arg-type]  # an int64 tag has a value in Jaeger's schema; one without raises TypeError
-        elif tag.get("type") == "float64":
-            value = float(value)  # type: ignore[arg-type]  # a float64 tag has a value in Jaeger's schema; one without raises TypeError
+        value, kind = tag.get("value"), tag.get("type")
+        if kind in ("int64", "float64") and isinstance(value, (int, float, str)):
+            try:
+                value = int(value) if kind == "int64" else float(value)
+            except ValueError:
+                pass  # not a number: kept as it came, the rest of the answer still read
         values[tag.get("key", "")] = value
     return values
 
 
-def records_from_jaeger(payload: dict[str, Any]) -> list[SpanRecord]:
-    """The spans of a ``/api/traces`` response."""
+class DamagedSpan(ValueError):
+    """A span of Jaeger's answer without the fields every span has (its name, its start): skipped and counted."""
+
+
+_DAMAGED = "{} span(s) without Jaeger's span fields were skipped (the first: {}); the rest are read"
+
+
+def records_from_jaeger(payload: dict[str, Any], damaged: list[str] | None = None) -> list[SpanRecord]:
+    """The spans of a ``/api/traces`` response; a span without Jaeger's span fields is skipped and said in
+    ``damaged``."""
     records = []
     for trace in payload.get("data") or ():
         processes = _processes(trace)
@@ -52,7 +62,12 @@ def records_from_jaeger(payload: dict[str, Any]) -> list[SpanRecord]:
             run = runs.get(pid)
             if run is None:
                 run = runs[pid] = RunKey.from_resource(resource)
-            name, start, end, tags, error, parent = _fields(span)
+            try:
+                name, start, end, tags, error, parent = _fields(span)
+            except DamagedSpan as problem:
+                if damaged is not None:
+                    damaged.append(str(problem))
+                continue
             records.append(SpanRecord(
                 name=name, start_ns=start, end_ns=end, run=run, attributes=tags, trace_id=span.get("traceID", ""),
                 span_id=span.get("spanID", ""), parent_id=parent, error=error, service=service,
@@ -74,10 +89,13 @@ def _fields(span: dict[str, Any]) -> tuple[str, int, int, dict[str, Any], bool, 
     """(name, start ns, end ns, attributes, error, parent span id) of a Jaeger span."""
     tags = _tags(span.get("tags"))
     error = tags.pop("otel.status_code", None) == "ERROR" or tags.pop("error", False) in (True, "true")
-    parent = next((ref.get("spanID", "") for ref in span.get("references") or ()
-                   if ref.get("refType") == "CHILD_OF"), "")
-    start = int(span["startTime"]) * _MICRO
-    return span["operationName"], start, start + int(span.get("duration", 0)) * _MICRO, tags, error, parent
+    parent = next((ref.get("spanID", "") for ref in span.get("references") or () if ref.get("refType") == "CHILD_OF"), "")
+    try:
+        start = int(span["startTime"]) * _MICRO
+        return str(span["operationName"]), start, start + int(span.get("duration", 0)) * _MICRO, tags, error, parent
+    except (KeyError, TypeError, ValueError) as problem:
+        raise DamagedSpan(f"span {span.get('spanID', '?')!s:.32} of trace {span.get('traceID', '?')!s:.32}: "
+                          f"{type(problem).__name__} {problem!s:.100}") from None
 
 
 #: Traces per request at first: Jaeger's own default page (the UI's search limit).
@@ -87,7 +105,8 @@ PAGE_TRACES = 100
 def _latest_start_us(trace: dict[str, Any], service: str) -> int | None:
     """The latest start among the trace's spans of ``service``: where Jaeger's search placed the trace."""
     processes = {pid for pid, process in (trace.get("processes") or {}).items() if process.get("serviceName") == service}
-    starts = [int(span["startTime"]) for span in trace.get("spans") or () if span.get("processID") in processes]
+    starts = [start for span in trace.get("spans") or ()
+              if span.get("processID") in processes and isinstance(start := span.get("startTime"), int)]
     return max(starts) if starts else None
 
 
@@ -176,10 +195,13 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     """
     problems: list[Problem] = []
     records: list[SpanRecord] = []
+    damaged: list[str] = []
     address = url
     for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,  # noqa: B007 - the last page's address names a problem below
                                   page_traces=page_traces, now_s=now_s):
-        records += records_from_jaeger({"data": traces})
+        records += records_from_jaeger({"data": traces}, damaged)
+    if damaged:
+        problems.append(Problem(address, None, _DAMAGED.format(len(damaged), damaged[0])))
     if not records:
         problems.append(Problem(address, None, f"no spans for service {service!r}"))
     return records, problems
@@ -213,6 +235,7 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
     resources: dict[str, tuple[int, int]] = {}  # a resource's attributes (OTLP JSON) -> (its index, its rank)
     pages: list[Path] = []
     files: list[Path] = []
+    damaged: list[str] = []
     address = url
     bar = _traces_bar(progress)
     try:
@@ -221,7 +244,7 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
         for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,  # noqa: B007 - the last page's address names a problem below
                                       timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
             rows = []
-            for end, resource, text in _rows(traces, resources):
+            for end, resource, text in _rows(traces, resources, damaged):
                 rows.append((end, arrived, resource, text))
                 arrived += 1
             if rows:
@@ -229,6 +252,8 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
                 pages.append(_write_rows(directory / f"page-{len(pages)}.bin", rows))
             if bar is not None:
                 bar.update(len(traces))
+        if damaged:
+            problems.append(Problem(address, None, _DAMAGED.format(len(damaged), damaged[0])))
         if not pages:
             problems.append(Problem(address, None, f"no spans for service {service!r}"))
             return [], problems
@@ -301,9 +326,11 @@ def _traces_bar(progress: bool | None) -> Any:
     return tqdm(unit=" traces", desc="fetching from Jaeger", disable=None if progress is None else False)
 
 
-def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]]) -> Iterator[tuple[int, int, str]]:
+def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]],
+          damaged: list[str]) -> Iterator[tuple[int, int, str]]:
     """(end ns, resource index, the span as OTLP JSON) of each span of ``traces``, mapped as
-    ``records_from_jaeger`` maps them; ``resources`` gains each new resource (and its rank)."""
+    ``records_from_jaeger`` maps them; ``resources`` gains each new resource (and its rank); a span without
+    Jaeger's span fields is skipped and said in ``damaged``."""
     for trace in traces:
         indices = {pid: _resource_index(resources, {**resource, sc.SERVICE_NAME: service})
                    for pid, (service, resource) in _processes(trace).items()}
@@ -311,7 +338,11 @@ def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]]) -
             index = indices.get(span.get("processID"))
             if index is None:  # a span without its process: an empty service name, as its record gets
                 index = _resource_index(resources, {sc.SERVICE_NAME: ""})
-            name, start, end, tags, error, parent = _fields(span)
+            try:
+                name, start, end, tags, error, parent = _fields(span)
+            except DamagedSpan as problem:
+                damaged.append(str(problem))
+                continue
             otlp: dict[str, Any] = {"traceId": span.get("traceID", ""), "spanId": span.get("spanID", ""),
                                     "name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
                                     "attributes": otlp_attributes(tags)}
