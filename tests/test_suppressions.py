@@ -27,9 +27,9 @@ IGNORE_WITH_REASON = re.compile(r"^\[[a-z0-9-]+(?:\s*,\s*[a-z0-9-]+)*\]\s*(?:#|-
 #: type-ignore comments (the issue counted 112 and 63 when filed); giving every one its codes and reason and
 #: naming every private call across objects (SLF001, which nothing checked before) made it 172 and 68, 54 of
 #: them private calls: those are to become public seams.
-MAX_NOQA = 166
+MAX_NOQA = 165
 MAX_TYPE_IGNORE = 66
-MAX_PRIVATE = 47  # lines naming SLF001
+MAX_PRIVATE = 46  # lines naming SLF001
 
 
 def _lines() -> list[tuple[Path, int, str]]:
@@ -79,6 +79,15 @@ def test_suppressions_only_go_down() -> None:
     ceilings = {"noqa": MAX_NOQA, "type: ignore": MAX_TYPE_IGNORE, "noqa: SLF001": MAX_PRIVATE}
     over = {kind: (counts[kind], ceilings[kind]) for kind in counts if counts[kind] > ceilings[kind]}
     assert not over, f"more suppressions than the ceiling (count, ceiling): {over}; remove one instead"
+
+
+def test_every_file_with_a_private_call_is_named_in_the_architecture_doc() -> None:
+    """The private calls that remain are documented in one place: docs/architecture.md's section on them."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## Private calls that remain", 1)[1].split("\n## ", 1)[0]
+    files = {where.split(":", 1)[0] for where, rest in _suppressions(NOQA) if "SLF001" in rest.split(" - ", 1)[0]}
+    unnamed = sorted(path for path in files if f"`{Path(path).relative_to('otel_training').as_posix()}`" not in section)
+    assert unnamed == [], f"private calls in files the architecture doc does not name: {unnamed}"
 
 
 def test_the_public_names_are_the_lazy_table() -> None:

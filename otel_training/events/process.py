@@ -69,6 +69,11 @@ class Process:
         attributes = to_attributes(content, late=late)
         self._event(name, name, attributes, late)
 
+    def instant_of_attributes(self, name: str, attributes: dict[str, Any]) -> None:
+        """A point-in-time event whose attributes are already converted, by rules of the caller's own (a drop-in
+        shim's, as DLRover's content becomes attributes); ``instant`` converts a content mapping itself."""
+        self._event(name, name, attributes)
+
     def duration(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
         """A Duration whose span is named ``name``; begin it with ``with`` or ``begin()``."""
         return Duration(self, name, readable(content))

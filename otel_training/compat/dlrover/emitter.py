@@ -96,7 +96,7 @@ class EventEmitter:
 
     @contained(default=None)
     def _span_event(self, name: str, content: Mapping[Any, Any]) -> None:
-        self._spans._event(text(name), text(name), _instant_attributes(name, content))  # noqa: SLF001 - events.Process's event writer (what its instant() calls), given DLRover's name
+        self._spans.instant_of_attributes(text(name), _instant_attributes(name, content))
 
     @contained(default=None)
     def _span(self, name: str, content: Mapping[Any, Any]) -> _Span | None:
