@@ -680,3 +680,31 @@ def test_an_unmodified_loops_steps_follow_their_epoch_into_each_trace_segment(co
     for span in spans:
         per_trace[span["trace_id"]] = per_trace.get(span["trace_id"], 0) + 1
     assert max(per_trace.values()) <= 7  # the budget, plus the continuation span itself
+
+
+def test_an_injected_tracer_provider_configures_nothing_global(tmp_path, monkeypatch):
+    """As contrib's instrumentors: given a provider, nothing configures the process's pipeline (no global
+    provider, no trace files, no drain); the spans still arrive, under the environment's options."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.assembly import configure as assembly
+
+    monkeypatch.setattr(assembly, "_current", None)  # this process as a user's: nothing configured yet
+    monkeypatch.setattr(assembly, "_options_only", None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OTEL_TRAINING_OUTPUT_DIR", str(tmp_path / "traces"))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        _train(4, accumulation=1)
+    finally:
+        instrumentor.uninstrument()
+    assert assembly.get_telemetry() is None
+    assert not (tmp_path / "traces").exists()
+    steps = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_STEP]
+    assert [s.attributes[sc.STEP] for s in steps] == [0, 1, 2, 3]

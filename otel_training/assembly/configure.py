@@ -111,6 +111,31 @@ def _offload_here(resolved: dict[str, Any]) -> bool:
     return resolved["exporter"] != "console" and offload_by_default(resolved["native"])
 
 
+_options_only: Telemetry | None = None
+
+
+def options_only() -> Telemetry:
+    """The configured pipeline if there is one; else a handle that exports nothing, with the options of the
+    environment and config file (the trace budget, the values' hold): what the events of an injected tracer
+    provider read when nothing configured this process, without configuring it (as contrib's instrumentors,
+    given a provider, configure nothing global). Made once; a setting that fails is logged once and the
+    defaults stand in."""
+    global _options_only
+    current = _current
+    if current is not None:
+        return current
+    with _configure_lock:
+        if _options_only is None:
+            try:
+                options = resolve({}, os.environ, None)
+            except Exception as error:  # noqa: BLE001 - an injected provider's events must not fail on a setting the pipeline would report
+                logger.error("otel_training: %s; an injected tracer provider's events use the defaults", error)
+                options = {option.name: option.default for option in OPTIONS}
+            options.update(exporter="none", metrics=False, goodput=False, offload=False)
+            _options_only = Telemetry(options, {})
+        return _options_only
+
+
 def _stand_in(error: Exception) -> Telemetry:
     """A handle that records nothing and reads nothing of the environment that failed."""
     options = {option.name: option.default for option in OPTIONS}

@@ -199,17 +199,19 @@ _provided: weakref.WeakKeyDictionary[TracerProvider, EventsRuntime] = weakref.We
 
 
 def runtime_for(tracer_provider: TracerProvider | None) -> EventsRuntime:
-    """The runtime whose spans go to ``tracer_provider`` (the pipeline's own when None)."""
-    default = runtime()
+    """The runtime whose spans go to ``tracer_provider`` (the pipeline's own when None). An injected provider
+    configures nothing: its runtime reads the configured pipeline's options if there is one, else the
+    environment's (``options_only``)."""
     if tracer_provider is None:
-        return default
+        return runtime()
+    telemetry = _pipeline.options_only()
     provided = _provided.get(tracer_provider)
-    if provided is None or provided.telemetry is not default.telemetry:
+    if provided is None or provided.telemetry is not telemetry:
         with _runtime_lock:
             provided = _provided.get(tracer_provider)
-            if provided is None or provided.telemetry is not default.telemetry:
+            if provided is None or provided.telemetry is not telemetry:
                 tracer = tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL)
-                provided = _provided[tracer_provider] = EventsRuntime(default.telemetry, tracer)
+                provided = _provided[tracer_provider] = EventsRuntime(telemetry, tracer)
     return provided
 
 

@@ -19,8 +19,9 @@ configures it (see ``steps.StepTracker``). Auto-instrumentation uses it for the
 processes an instrumented process starts.
 
 As contrib's instrumentors: ``instrument(tracer_provider=...)`` sends the spans to
-that provider instead of the configured pipeline's (the pipeline's options, such as
-trace budgets, still apply), and inside ``suppress_instrumentation()`` the patched
+that provider instead of the configured pipeline's and configures nothing global (the
+configured pipeline's options, such as trace budgets, apply if there is one, else the
+environment's), and inside ``suppress_instrumentation()`` the patched
 functions and hooks record nothing.
 """
 
