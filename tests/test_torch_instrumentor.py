@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from requirements import require
 
 torch = require("torch")
@@ -566,22 +567,27 @@ def _train(batches: int, accumulation: int = 1) -> None:
             optimizer.zero_grad()
 
 
-def test_an_injected_tracer_provider_gets_the_spans_the_pipeline_does_not(configure):
-    """As contrib's instrumentors: ``instrument(tracer_provider=...)`` sends the spans to that provider."""
+def _train_into_a_provider(batches: int, accumulation: int) -> InMemorySpanExporter:
+    """Train instrumented with ``tracer_provider=`` a provider of its own; the in-memory exporter it fed."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    telemetry = configure()
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     instrumentor = TorchInstrumentor()
     instrumentor.instrument(tracer_provider=provider)
     try:
-        _train(6, accumulation=2)
+        _train(batches, accumulation=accumulation)
     finally:
         instrumentor.uninstrument()
+    return exporter
+
+
+def test_an_injected_tracer_provider_gets_the_spans_the_pipeline_does_not(configure):
+    """As contrib's instrumentors: ``instrument(tracer_provider=...)`` sends the spans to that provider."""
+    telemetry = configure()
+    exporter = _train_into_a_provider(6, accumulation=2)
     mine = exporter.get_finished_spans()
     steps = sorted((s for s in mine if s.name == sc.SPAN_STEP), key=lambda s: s.start_time)
     assert [s.attributes[sc.STEP] for s in steps] == [0, 1, 2]
@@ -685,25 +691,13 @@ def test_an_unmodified_loops_steps_follow_their_epoch_into_each_trace_segment(co
 def test_an_injected_tracer_provider_configures_nothing_global(tmp_path, monkeypatch):
     """As contrib's instrumentors: given a provider, nothing configures the process's pipeline (no global
     provider, no trace files, no drain); the spans still arrive, under the environment's options."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from otel_training.assembly import configure as assembly
 
     monkeypatch.setattr(assembly, "_current", None)  # this process as a user's: nothing configured yet
     monkeypatch.setattr(assembly, "_options_only", None)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_TRAINING_OUTPUT_DIR", str(tmp_path / "traces"))
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    instrumentor = TorchInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        _train(4, accumulation=1)
-    finally:
-        instrumentor.uninstrument()
+    exporter = _train_into_a_provider(4, accumulation=1)
     assert assembly.get_telemetry() is None
     assert not (tmp_path / "traces").exists()
     steps = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_STEP]
