@@ -582,3 +582,41 @@ def test_device_steps_do_not_grow_the_trace_budget_table(configure, fake) -> Non
     timeline = telemetry_timeline()
     assert wait_until(lambda: timeline.resolved == 50)
     assert len(runtime()._traces) == 0  # nothing re-created for traces the training thread forgot
+
+
+def test_a_recording_span_of_another_implementation_never_raises_into_the_loop(configure, fake) -> None:
+    """An injected provider of another implementation: its recording spans need not have the SDK's ``parent``
+    or ``attributes``. The steps begin and end without raising into the loop; the device timeline, which reads
+    the host step's attributes, falls back to host timing (and says so, once a process)."""
+    from opentelemetry import trace as trace_api
+
+    started: list[str] = []
+
+    class Recording(trace_api.NonRecordingSpan):  # the API's Span: no ``parent``
+        def is_recording(self) -> bool:
+            return True
+
+    class Tracer(trace_api.Tracer):
+        def start_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> trace_api.Span:
+            started.append(name)
+            parent = trace_api.get_current_span(context).get_span_context()
+            trace_id = parent.trace_id if parent.is_valid else 0x1234
+            return Recording(trace_api.SpanContext(trace_id, len(started) + 1, False))
+
+        def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    class Provider(trace_api.TracerProvider):
+        def get_tracer(self, *args: Any, **kwargs: Any) -> trace_api.Tracer:
+            return Tracer()
+
+    configure(stuck_threshold_s=5.0, offload=False)
+    trainer = otel_training.TrainerProcess(tracer_provider=Provider())
+    with trainer.train(), trainer.epoch(epoch=0):
+        for index in range(3):
+            with trainer.step(global_step=index):
+                fake.launch(0.001)
+    fake.synchronize()
+    assert started.count(sc.SPAN_STEP) == 3
+    timeline = trainer.events_runtime().device
+    assert timeline is not None and wait_until(lambda: timeline.failed, timeout_s=10)

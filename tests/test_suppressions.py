@@ -27,8 +27,8 @@ IGNORE_WITH_REASON = re.compile(r"^\[[a-z0-9-]+(?:\s*,\s*[a-z0-9-]+)*\]\s*(?:#|-
 #: type-ignore comments (the issue counted 112 and 63 when filed); giving every one its codes and reason and
 #: naming every private call across objects (SLF001, which nothing checked before) made it 172 and 68, 54 of
 #: them private calls: those are to become public seams.
-MAX_NOQA = 165
-MAX_TYPE_IGNORE = 66
+MAX_NOQA = 166
+MAX_TYPE_IGNORE = 65
 MAX_PRIVATE = 46  # lines naming SLF001
 
 

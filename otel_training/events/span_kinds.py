@@ -103,7 +103,9 @@ class StepDuration(Duration):
         self._begin(rt, detached, under)
         span = self._span
         if step is not None and span is not None and span.is_recording():
-            if span.parent is not None:  # type: ignore[attr-defined]  # recording spans (the SDK's, RecordSpan) have parent; the API's Span omits it. Its device step joins this trace: charge the budget here, once
+            # Its device step joins this trace: charge the budget here, once. The SDK's spans and ours have a
+            # parent; another implementation's recording span may not (read without raising into the step).
+            if getattr(span, "parent", None) is not None:
                 rt.charge(trace_id_of(span.get_span_context()))  # type: ignore[union-attr]  # not None: a step was begun, so the try above set rt
             timeline.started(step, span)  # type: ignore[union-attr]  # not None: a step was begun, so the try above set timeline
             self.device_step = (timeline, step)
