@@ -1,5 +1,5 @@
 """The accelerator's own state, beside the spans: clocks, power, throttling, errors (docs/gpu-state.md).
 
 At the processors' layer: it may import semconv, analysis, the OpenTelemetry SDK and ``pynvml``, never the
-pipeline; ``pipeline/plugins.py`` wires it into the drain process, the only place it samples.
+pipeline; ``assembly/plugins.py`` wires it into the drain process, the only place it samples.
 """
