@@ -22,6 +22,12 @@ _seen_lock = threading.Lock()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def after_fork_in_child() -> None:
+    """A forked child: another thread may have held the lock at the fork (``_fork.py`` calls this first)."""
+    global _seen_lock
+    _seen_lock = threading.Lock()
+
+
 def log_once(key: str, message: str, *args: Any, exc_info: bool = True) -> None:
     """Log ``message`` the first time ``key`` is seen in this process."""
     with _seen_lock:

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from otel_training import _contain
 from otel_training._contain import log_once
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ def at_fork(*, before: Callable[[], None] | None = None, after_in_parent: Callab
 def _run(handler: Callable[..., None], *args: object) -> None:
     try:
         handler(*args)
-    except Exception:  # noqa: BLE001 - one failing reset must not leave the others undone, nor fail the fork
+    except BaseException:  # noqa: BLE001 - one failing reset (even interrupted) must not leave the others undone, nor fail the fork
         log_once(f"fork:{getattr(handler, '__qualname__', handler)}",
                  "otel_training: a fork handler failed (%s); the others ran", handler)
 
@@ -83,6 +84,7 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread may have held it at the fork
+    _contain.after_fork_in_child()  # and the once-only log's lock, which a failing reset takes
     for handler in list(_after_in_child):
         _run(handler)
     for ref, reset in tuple(_resets.copy().values()):  # a copy: a weak reference's callback may pop from it

@@ -623,14 +623,17 @@ def test_a_damaged_jaeger_answer_is_said_and_the_rest_is_read(tmp_path: Path) ->
     spans[1].pop("operationName")
     spans[2]["tags"].append({"key": "odd", "type": "int64"})  # no value
     spans[2]["tags"].append({"key": "odder", "type": "float64", "value": "not a number"})
+    spans[2]["tags"].append({"key": "oddest", "type": "int64", "value": float("inf")})  # JSON's Infinity
+    spans[3]["operationName"] = None
     body = json.dumps(payload).encode()
     with _serving(lambda path: (200, body) if path.startswith("/api/traces?") else (404, b"{}")) as (url, _):
         records, problems = fetch(url, "crafted", lookback_s=10**9)
         files, spooled = spool(url, "crafted", tmp_path / "spool", lookback_s=10**9, progress=False)
-    assert len(records) == total - 2
+    assert len(records) == total - 3
     odd = next(record for record in records if record.span_id == spans[2]["spanID"])
     assert odd.attributes["odd"] is None and odd.attributes["odder"] == "not a number"
+    assert odd.attributes["oddest"] == float("inf")
     for said in (problems, spooled):
-        assert any("2 span(s) without Jaeger's span fields were skipped" in str(problem)
+        assert any("3 span(s) without Jaeger's span fields were skipped" in str(problem)
                    and spans[0]["spanID"] in str(problem) for problem in said), said
     assert files

@@ -8,8 +8,11 @@ import socket
 import time
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from requirements import require
 
@@ -19,6 +22,7 @@ import torch.optim.optimizer as optimizer_module  # noqa: E402
 import torch.utils.data.dataloader as dataloader_module  # noqa: E402
 from otlp_json import read_spans  # noqa: E402
 
+import otel_training  # noqa: E402
 from otel_training import semconv as sc  # noqa: E402
 from otel_training.integrations.torch import TorchInstrumentor  # noqa: E402
 from otel_training.integrations.torch.instrumentor import _grad_scaler_module  # noqa: E402
@@ -569,9 +573,6 @@ def _train(batches: int, accumulation: int = 1) -> None:
 
 def _train_into_a_provider(batches: int, accumulation: int) -> InMemorySpanExporter:
     """Train instrumented with ``tracer_provider=`` a provider of its own; the in-memory exporter it fed."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -691,10 +692,7 @@ def test_an_unmodified_loops_steps_follow_their_epoch_into_each_trace_segment(co
 def test_an_injected_tracer_provider_configures_nothing_global(tmp_path, monkeypatch):
     """As contrib's instrumentors: given a provider, nothing configures the process's pipeline (no global
     provider, no trace files, no drain); the spans still arrive, under the environment's options."""
-    from otel_training.assembly import configure as assembly
-
-    monkeypatch.setattr(assembly, "_current", None)  # this process as a user's: nothing configured yet
-    monkeypatch.setattr(assembly, "_options_only", None)
+    assembly = _nothing_configured(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_TRAINING_OUTPUT_DIR", str(tmp_path / "traces"))
     exporter = _train_into_a_provider(4, accumulation=1)
@@ -702,3 +700,57 @@ def test_an_injected_tracer_provider_configures_nothing_global(tmp_path, monkeyp
     assert not (tmp_path / "traces").exists()
     steps = [s for s in exporter.get_finished_spans() if s.name == sc.SPAN_STEP]
     assert [s.attributes[sc.STEP] for s in steps] == [0, 1, 2, 3]
+
+
+def _nothing_configured(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """This process as a user's that injects a provider: no pipeline configured yet, no options-only handle."""
+    from otel_training.assembly import configure as assembly
+
+    monkeypatch.setattr(assembly, "_current", None)
+    monkeypatch.setattr(assembly, "_options_only", None)
+    return assembly
+
+
+def test_an_injected_provider_reads_the_environments_collective_tracking(monkeypatch):
+    """Nothing configured: the collectives' route comes from the environment, as the pipeline would read it."""
+    from otel_training.integrations.torch import distributed
+
+    _nothing_configured(monkeypatch)
+    monkeypatch.setenv("OTEL_TRAINING_COLLECTIVE_TRACKING", "off")
+    asked: list[str] = []
+    monkeypatch.setattr(distributed, "route", lambda option: (asked.append(option), ("off", "asked"))[1])
+
+    class Tracker:
+        dormant, collectives = False, None
+
+    distributed._track(Tracker())
+    assert asked == ["off"] and Tracker.collectives is None
+
+
+def test_an_injected_provider_still_records_when_a_setting_is_bad(monkeypatch, caplog):
+    """A bad SDK variable: the options-only handle cannot be built; the defaults stand in, said once, and the
+    injected provider still gets its spans."""
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _nothing_configured(monkeypatch)
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc")
+    trainer = otel_training.TrainerProcess(tracer_provider=provider)
+    for index in range(2):
+        with trainer.step(global_step=index):
+            pass
+    assert [span.attributes[sc.STEP] for span in exporter.get_finished_spans() if span.name == sc.SPAN_STEP] == [0, 1]
+    assert "an injected tracer provider's events use the defaults" in caplog.text
+
+
+def test_a_process_on_an_injected_provider_reads_a_later_configures_options(configure, monkeypatch):
+    """Begun before ``configure()``, a ``Process`` on an injected provider reads the environment's options; once
+    a pipeline is configured it reads that pipeline's (one runtime per provider, not two)."""
+    provider = TracerProvider()
+    assembly = _nothing_configured(monkeypatch)
+    trainer = otel_training.TrainerProcess(tracer_provider=provider)
+    trainer.instant("before")
+    before = trainer.events_runtime().telemetry
+    assert before is assembly._options_only
+    telemetry = configure()
+    trainer.instant("after")
+    assert trainer.events_runtime().telemetry is telemetry and before.is_shut_down

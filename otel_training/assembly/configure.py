@@ -95,6 +95,7 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
     if standing_in:
         _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]  # standing_in: _current is the stand-in
     _current = telemetry
+    _forget_options_only()
     if resolved["set_global"] and first:
         _set_global(telemetry)
     from otel_training.lifecycle import hooks
@@ -128,12 +129,22 @@ def options_only() -> Telemetry:
         if _options_only is None:
             try:
                 options = resolve({}, os.environ, None)
+                otel_env.validate(os.environ)
+                options.update(exporter="none", metrics=False, goodput=False, offload=False)
+                _options_only = Telemetry(options)
             except Exception as error:  # noqa: BLE001 - an injected provider's events must not fail on a setting the pipeline would report
                 logger.error("otel_training: %s; an injected tracer provider's events use the defaults", error)
-                options = {option.name: option.default for option in OPTIONS}
-            options.update(exporter="none", metrics=False, goodput=False, offload=False)
-            _options_only = Telemetry(options, {})
+                _options_only = _stand_in(error)
         return _options_only
+
+
+def _forget_options_only() -> None:
+    """A pipeline is configured now: the injected providers' runtimes read its options from here on (shut down,
+    the handle's runtimes close, and their ``Process`` objects look theirs up again)."""
+    global _options_only
+    previous, _options_only = _options_only, None
+    if previous is not None:
+        previous.shutdown(timeout_s=1.0)
 
 
 def _stand_in(error: Exception) -> Telemetry:

@@ -36,8 +36,8 @@ def _tags(tags: list[dict[str, Any]] | None) -> dict[str, Any]:
         if kind in ("int64", "float64") and isinstance(value, (int, float, str)):
             try:
                 value = int(value) if kind == "int64" else float(value)
-            except ValueError:
-                pass  # not a number: kept as it came, the rest of the answer still read
+            except (ValueError, OverflowError):
+                pass  # not a (finite) number: kept as it came, the rest of the answer still read
         values[tag.get("key", "")] = value
     return values
 
@@ -78,11 +78,8 @@ def records_from_jaeger(payload: dict[str, Any], damaged: list[str] | None = Non
 
 def _processes(trace: dict[str, Any]) -> dict[Any, tuple[str, dict[str, Any]]]:
     """Each process of a trace: its service and its resource (the service name and the process's tags)."""
-    processes = {}
-    for pid, process in (trace.get("processes") or {}).items():
-        service = process.get("serviceName", "")
-        processes[pid] = (service, {sc.SERVICE_NAME: service, **_tags(process.get("tags"))})
-    return processes
+    return {pid: (service := process.get("serviceName", ""), {sc.SERVICE_NAME: service, **_tags(process.get("tags"))})
+            for pid, process in (trace.get("processes") or {}).items()}
 
 
 def _fields(span: dict[str, Any]) -> tuple[str, int, int, dict[str, Any], bool, str]:
@@ -92,8 +89,10 @@ def _fields(span: dict[str, Any]) -> tuple[str, int, int, dict[str, Any], bool, 
     parent = next((ref.get("spanID", "") for ref in span.get("references") or () if ref.get("refType") == "CHILD_OF"), "")
     try:
         start = int(span["startTime"]) * _MICRO
-        return str(span["operationName"]), start, start + int(span.get("duration", 0)) * _MICRO, tags, error, parent
-    except (KeyError, TypeError, ValueError) as problem:
+        if not isinstance(name := span["operationName"], str):
+            raise TypeError(f"operationName {name!r:.40}")
+        return name, start, start + int(span.get("duration", 0)) * _MICRO, tags, error, parent
+    except (KeyError, TypeError, ValueError, OverflowError) as problem:
         raise DamagedSpan(f"span {span.get('spanID', '?')!s:.32} of trace {span.get('traceID', '?')!s:.32}: "
                           f"{type(problem).__name__} {problem!s:.100}") from None
 
@@ -106,8 +105,8 @@ def _latest_start_us(trace: dict[str, Any], service: str) -> int | None:
     """The latest start among the trace's spans of ``service``: where Jaeger's search placed the trace."""
     processes = {pid for pid, process in (trace.get("processes") or {}).items() if process.get("serviceName") == service}
     starts = [start for span in trace.get("spans") or ()
-              if span.get("processID") in processes and isinstance(start := span.get("startTime"), int)]
-    return max(starts) if starts else None
+              if span.get("processID") in processes and isinstance(start := span.get("startTime"), (int, float))]
+    return int(max(starts)) if starts else None
 
 
 def _get(address: str, timeout_s: float) -> tuple[dict[str, Any] | None, Problem | None]:

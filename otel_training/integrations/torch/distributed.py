@@ -105,10 +105,10 @@ def _track(tracker: StepTracker) -> None:
     export the gauges through the pipeline the tracker records into."""
     if tracker.dormant:
         return
-    from otel_training.assembly.configure import get_telemetry
+    from otel_training.assembly.configure import options_only
 
-    telemetry = get_telemetry()
-    option = str(telemetry.options.get("collective_tracking", "auto")) if telemetry is not None else "auto"
+    telemetry = options_only()  # the configured pipeline's options, or the environment's (an injected provider)
+    option = str(telemetry.options.get("collective_tracking", "auto"))
     taken, why = route(option)
     if taken not in _ROUTES_SAID:  # once a process: a warning where the verdict has less to go on
         _ROUTES_SAID.add(taken)
@@ -124,7 +124,7 @@ def _track(tracker: StepTracker) -> None:
         tracker.collectives = collectives
         alert_context.add(collectives.alert_attributes)
     collectives.attach(dist.group.WORLD)
-    if telemetry is not None and not telemetry.disabled:
+    if not telemetry.disabled:
         collectives.register_gauges(telemetry.meter)
 
 
