@@ -326,7 +326,7 @@ def _traces_bar(progress: bool | None) -> Any:
 
 
 def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]],
-          damaged: list[str]) -> Iterator[tuple[int, int, str]]:
+          damaged: list[str] | None = None) -> Iterator[tuple[int, int, str]]:
     """(end ns, resource index, the span as OTLP JSON) of each span of ``traces``, mapped as
     ``records_from_jaeger`` maps them; ``resources`` gains each new resource (and its rank); a span without
     Jaeger's span fields is skipped and said in ``damaged``."""
@@ -340,7 +340,8 @@ def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]],
             try:
                 name, start, end, tags, error, parent = _fields(span)
             except DamagedSpan as problem:
-                damaged.append(str(problem))
+                if damaged is not None:
+                    damaged.append(str(problem))
                 continue
             otlp: dict[str, Any] = {"traceId": span.get("traceID", ""), "spanId": span.get("spanID", ""),
                                     "name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),

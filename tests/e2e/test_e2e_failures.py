@@ -283,7 +283,10 @@ def test_collector_killed_and_restarted_training_never_blocks_and_drops_are_coun
     # from the first step delivered after the restart on, nothing.
     assert min(starts[s] for s in missing) > down - 2.0, missing
     assert max(missing) < first_recovered, missing
-    assert len(jaeger_spans(stack.jaeger_url, service)) <= result["exported"]
+    # Each ended span reaches Jaeger at most once. Not "at most the exported count": an export the exporter
+    # gave up on at its 1 s deadline, counted dropped, may still have reached the restarted collector on a
+    # loaded machine (CI, 2026-12-05: 822 spans in Jaeger, 666 acknowledged).
+    assert len(jaeger_spans(stack.jaeger_url, service)) <= result["spans_ended"]
     print(f"collector outage {up - down:.1f} s; {len(outage)} steps meanwhile, median {statistics.median(outage) * 1e3:.1f} ms "
           f"(before {statistics.median(baseline) * 1e3:.1f} ms), max {max(outage) * 1e3:.1f} ms; "
           f"spans delivered {result['exported']}, dropped {result['dropped']}; steps missing in Jaeger {len(missing)}; "
