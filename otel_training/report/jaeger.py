@@ -42,10 +42,6 @@ def _tags(tags: list[dict[str, Any]] | None) -> dict[str, Any]:
     return values
 
 
-class DamagedSpan(ValueError):
-    """A span of Jaeger's answer without the fields every span has (its name, its start): skipped and counted."""
-
-
 _DAMAGED = "{} span(s) without Jaeger's span fields were skipped (the first: {}); the rest are read"
 
 
@@ -62,12 +58,9 @@ def records_from_jaeger(payload: dict[str, Any], damaged: list[str] | None = Non
             run = runs.get(pid)
             if run is None:
                 run = runs[pid] = RunKey.from_resource(resource)
-            try:
-                name, start, end, tags, error, parent = _fields(span)
-            except DamagedSpan as problem:
-                if damaged is not None:
-                    damaged.append(str(problem))
+            if (fields := _fields(span, damaged)) is None:
                 continue
+            name, start, end, tags, error, parent = fields
             records.append(SpanRecord(
                 name=name, start_ns=start, end_ns=end, run=run, attributes=tags, trace_id=span.get("traceID", ""),
                 span_id=span.get("spanID", ""), parent_id=parent, error=error, service=service,
@@ -82,8 +75,9 @@ def _processes(trace: dict[str, Any]) -> dict[Any, tuple[str, dict[str, Any]]]:
             for pid, process in (trace.get("processes") or {}).items()}
 
 
-def _fields(span: dict[str, Any]) -> tuple[str, int, int, dict[str, Any], bool, str]:
-    """(name, start ns, end ns, attributes, error, parent span id) of a Jaeger span."""
+def _fields(span: dict[str, Any], damaged: list[str] | None) -> tuple[str, int, int, dict[str, Any], bool, str] | None:
+    """(name, start ns, end ns, attributes, error, parent span id) of a Jaeger span; None for a span without the
+    fields every span has (its name, its start), said in ``damaged``: it is skipped and counted."""
     tags = _tags(span.get("tags"))
     error = tags.pop("otel.status_code", None) == "ERROR" or tags.pop("error", False) in (True, "true")
     parent = next((ref.get("spanID", "") for ref in span.get("references") or () if ref.get("refType") == "CHILD_OF"), "")
@@ -93,8 +87,10 @@ def _fields(span: dict[str, Any]) -> tuple[str, int, int, dict[str, Any], bool, 
             raise TypeError(f"operationName {name!r:.40}")
         return name, start, start + int(span.get("duration", 0)) * _MICRO, tags, error, parent
     except (KeyError, TypeError, ValueError, OverflowError) as problem:
-        raise DamagedSpan(f"span {span.get('spanID', '?')!s:.32} of trace {span.get('traceID', '?')!s:.32}: "
-                          f"{type(problem).__name__} {problem!s:.100}") from None
+        if damaged is not None:
+            damaged.append(f"span {span.get('spanID', '?')!s:.32} of trace {span.get('traceID', '?')!s:.32}: "
+                           f"{type(problem).__name__} {problem!s:.100}")
+        return None
 
 
 #: Traces per request at first: Jaeger's own default page (the UI's search limit).
@@ -337,12 +333,9 @@ def _rows(traces: list[dict[str, Any]], resources: dict[str, tuple[int, int]],
             index = indices.get(span.get("processID"))
             if index is None:  # a span without its process: an empty service name, as its record gets
                 index = _resource_index(resources, {sc.SERVICE_NAME: ""})
-            try:
-                name, start, end, tags, error, parent = _fields(span)
-            except DamagedSpan as problem:
-                if damaged is not None:
-                    damaged.append(str(problem))
+            if (fields := _fields(span, damaged)) is None:
                 continue
+            name, start, end, tags, error, parent = fields
             otlp: dict[str, Any] = {"traceId": span.get("traceID", ""), "spanId": span.get("spanID", ""),
                                     "name": name, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
                                     "attributes": otlp_attributes(tags)}
