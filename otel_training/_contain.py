@@ -1,9 +1,10 @@
 """Containment: instrumentation must never break or stall the training loop.
 
-Every entry point the training thread calls goes through ``contained`` (or
-catches and calls ``log_once``): an internal failure is logged once per place
-with its traceback and then swallowed, so a bug or a broken exporter costs a log
-line, never a training run.
+Every entry point the training thread calls goes through ``contained`` (a
+function), ``contain`` (a block), or catches and calls ``log_once``: an internal
+failure is logged once per place with its traceback and then swallowed, so a bug
+or a broken exporter costs a log line, never a training run. The broad
+``except Exception`` those need lives here, once, instead of at every place.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Final, TypeVar
 
 logger = logging.getLogger("otel_training")
 
@@ -35,6 +37,39 @@ def log_once(key: str, message: str, *args: Any, exc_info: bool = True) -> None:
             return
         _seen.add(key)
     logger.warning(message + " (further occurrences are not logged)", *args, exc_info=exc_info)
+
+
+class contain:
+    """A block whose failure (any ``Exception``) is logged once under ``key`` and swallowed.
+
+    ``message % args`` is the log line, with the traceback unless ``exc_info=False``. Code after the block runs
+    either way; a block that returns a value falls through to the line after it when it fails::
+
+        with contain("values-deliver", "otel_training: could not deliver a converted value"):
+            return deliver(value)
+        return None
+
+    ``BaseException`` (KeyboardInterrupt, SystemExit) passes through: stopping the job is the user's call. An
+    instance holds no state between uses, so a hot path may keep one in a module constant.
+    """
+
+    __slots__ = ("key", "message", "args", "exc_info")
+
+    def __init__(self, key: str, message: str, *args: Any, exc_info: bool = True) -> None:
+        self.key: Final = key
+        self.message: Final = message
+        self.args: Final = args
+        self.exc_info: Final = exc_info
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if kind is None or not issubclass(kind, Exception):
+            return False
+        log_once(self.key, self.message, *self.args, exc_info=self.exc_info)
+        return True
 
 
 def call_contained(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
