@@ -184,12 +184,12 @@ static long long now_ns(void) { /* time.time_ns() */
     X(PY_BACKWARD_BEGIN, "_py_backward_begin") X(PY_BACKWARD_END, "_py_backward_end")                         \
     X(PY_OPTIMIZER_PRE, "_py_optimizer_pre") X(PY_OPTIMIZER_POST, "_py_optimizer_post")                       \
     X(PY_FETCH_END, "_py_fetch_end") X(STEPPED_ONCE, "_stepped_once") X(WAIT_SPAN, "_wait_span")              \
-    X(CLOSE, "_close") X(ARM_FORWARD, "_arm_forward") X(FAILED, "_failed") X(DEVICE_STEP, "device_step")      \
+    X(CLOSE, "_close") X(ARM_FORWARD, "arm_forward") X(FAILED, "_failed") X(DEVICE_STEP, "device_step")      \
     X(INPUT_READY, "input_ready") X(PY_MAKE_STEP, "_py_make_step") X(PY_CLOSE, "_py_close") X(END, "end")     \
     X(PY_FETCH_BEGIN, "_py_fetch_begin") X(PY_OPEN, "_py_open") X(EXHAUSTED, "exhausted") X(TRAINING, "_training") \
     X(STARTED, "started") X(EPOCH_ITERATOR, "epoch_iterator") X(FETCHED, "fetched") X(OPEN, "_open")            \
     X(BEGIN_EVALUATION, "begin_evaluation") X(EVALUATION, "evaluation") X(END_EVALUATION, "end_evaluation")     \
-    X(DISARM_FORWARD, "_disarm_forward") X(MAKE_STEP, "_make_step") X(PARENT, "parent")                         \
+    X(DISARM_FORWARD, "disarm_forward") X(MAKE_STEP, "_make_step") X(PARENT, "parent")                         \
     X(BEGIN_DETACHED, "begin_detached") X(LENGTH_OF, "_length_of") X(NUM_YIELDED, "_num_yielded")
 
 enum {
@@ -258,7 +258,7 @@ static PyObject *failed(StepCore *self, const char *hook) {
     Py_RETURN_NONE;
 }
 
-/* A transition the tracker's Python code makes (``_close``, ``_arm_forward``): errors go to ``_failed(hook)``. */
+/* A transition the tracker's Python code makes (``_close``, ``arm_forward``): errors go to ``_failed(hook)``. */
 static PyObject *transition(StepCore *self, int name, const char *hook) {
     PyObject *result = python(self, name, NULL, 0);
     if (result == NULL) return failed(self, hook);

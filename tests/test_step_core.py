@@ -61,7 +61,7 @@ def _make(kind: str) -> Any:
             self._reset()
             self._just_closed = True
 
-        def _arm_forward(self) -> None:
+        def arm_forward(self) -> None:
             self.log.append(("arm",))
 
         def _wait_span(self, started: int, ended: int, step: Any, error: BaseException | None = None) -> None:
@@ -375,7 +375,7 @@ def _closing(kind: str) -> Any:
             super().__init__()
             self.armed = 0
 
-        def _arm_forward(self) -> None:
+        def arm_forward(self) -> None:
             self.armed += 1
 
     made = Closing()
@@ -667,7 +667,7 @@ def _opening(kind: str) -> Any:
         def _make_step(self, key: str, number: int) -> Any:
             return Opening(key, number)
 
-        def _disarm_forward(self) -> None:
+        def disarm_forward(self) -> None:
             self.log.append(("disarm",))
             self._forward_handle = None
 

@@ -284,7 +284,7 @@ class DrainTelemetry(Telemetry):
 
 def publish(ring: Ring, telemetry: Telemetry, replayer: Replayer, lost: int = 0) -> None:
     """The drain's counts, where the training process reads them (``DRAIN_FIELDS``)."""
-    exported, dropped, pending = telemetry._counts()  # noqa: SLF001 - the counts of the pipeline the drain built, published to the ring
+    exported, dropped, pending = telemetry.counts()  # the counts of the pipeline the drain built, published to the ring
     for field, value in (("replayed", replayer.replayed), ("orphans", replayer.ends_without_begin),
                          ("exported", exported), ("dropped", dropped),
                          ("pending", pending), ("spooled", telemetry.spans_spooled), ("lost", lost),

@@ -294,10 +294,10 @@ class OffloadTelemetry(Telemetry):
         self._drain_gone = True
 
     # -- accounting ---------------------------------------------------------
-    def _counts(self) -> tuple[int, int, int]:
+    def counts(self) -> tuple[int, int, int]:
         ring = self._ring
         if ring is None:
-            return super()._counts()
+            return super().counts()
         # A span is lost when its end record was dropped or could not be encoded, or its begin was dropped
         # (the drain then reads an end without a begin: an orphan); a span whose begin was dropped and that
         # never ends is not counted, as an open span is not in-process. Once the drain is gone, what it

@@ -197,7 +197,7 @@ class RecordTracerProvider(trace_api.TracerProvider):
         #: Spans made in a forked child (not recorded), and records that could not be encoded.
         self.forked_spans = 0
         self.ring_drops = 0
-        reset_in_child(self, _reset_in_child)
+        reset_in_child(self, RecordTracerProvider._reset_in_child)
 
     def add_span_processor(self, processor: Any) -> None:
         """What code written for the SDK's provider calls on the global one: refused, saying why and the switch
@@ -233,6 +233,13 @@ class RecordTracerProvider(trace_api.TracerProvider):
         """Tell the drain to finish; it exports what is left and stops (bounded by the pipeline's deadline)."""
         return self._close()
 
+    def _reset_in_child(self) -> None:
+        """A forked child's copy: the ring is the parent's, so nothing of this provider writes to it."""
+        self.emit = self._refuse_in_child
+        self.fast = self.begin_span = None  # their writes go to the parent's ring too
+        self._write_control = lambda payload, timeout_s: False
+        self._lock = threading.Lock()  # it may have been held at the fork
+
     def _refuse_in_child(self, payload: bytes, begin: bool | None) -> bool:
         if begin:
             self.forked_spans += 1
@@ -241,13 +248,6 @@ class RecordTracerProvider(trace_api.TracerProvider):
                      exc_info=False)
         return False
 
-
-def _reset_in_child(provider: RecordTracerProvider) -> None:
-    """A forked child's copy: the ring is the parent's, so nothing of this provider writes to it."""
-    provider.emit = provider._refuse_in_child  # noqa: SLF001 - the class's fork reset: the ring belongs to the parent
-    provider.fast = provider.begin_span = None  # their writes go to the parent's ring too
-    provider._write_control = lambda payload, timeout_s: False  # noqa: SLF001 - the class's fork reset: the parent's ring again
-    provider._lock = threading.Lock()  # noqa: SLF001 - the class's fork reset: it may have been held at the fork
 
 
 def _register_child() -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -73,9 +74,9 @@ class Telemetry:
                  tracing: Mapping[str, Any] | None = None) -> None:
         """``resource``, ``tracing`` (TracerProvider arguments): the drain's, for another process's spans."""
         environ = os.environ if environ is None else environ
-        self.options: dict[str, Any] = dict(options)
-        self.exporter_name: str = self.options["exporter"] or default_exporter(environ)
-        self.options["exporter"] = self.exporter_name
+        self.exporter_name: str = options["exporter"] or default_exporter(environ)
+        #: The resolved options, read-only: every layer reads the same values for the pipeline's whole life.
+        self.options: Mapping[str, Any] = MappingProxyType({**options, "exporter": self.exporter_name})
         self.resource: Resource = resource if resource is not None else build_resource(self.options, environ)
         self.rank: int = int(self.resource.attributes.get(sc.TRAINING_RANK, 0))  # type: ignore[arg-type]  # an int, or a str from OTEL_RESOURCE_ATTRIBUTES
         #: Why this process records nothing: its configuration failed (see ``configure``).
@@ -246,8 +247,8 @@ class Telemetry:
         self._on_shutdown.append(callback)
 
     # -- accounting ---------------------------------------------------------
-    def _counts(self) -> tuple[int, int, int]:
-        """(exported, dropped, pending) right now."""
+    def counts(self) -> tuple[int, int, int]:
+        """(exported, dropped, pending) right now: what a flush reports, and what the drain publishes to the ring."""
         if self._batch is None or self._guard is None:
             return 0, 0, 0
         exported = self._guard.exported
@@ -264,7 +265,7 @@ class Telemetry:
         return exported, dropped, pending
 
     def _observe_dropped(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(self._counts()[1])]
+        return [Observation(self.counts()[1])]
 
     def _observe_queue_wait(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(self._batch.waited_s if self._batch is not None else 0.0)]
@@ -279,7 +280,7 @@ class Telemetry:
 
     @property
     def spans_dropped(self) -> int:
-        return self._counts()[1]
+        return self.counts()[1]
 
     @property
     def is_shut_down(self) -> bool:
@@ -300,7 +301,7 @@ class Telemetry:
         remaining = timeout_s - (time.monotonic() - start)
         if self.meter_provider is not None and remaining > 0:
             run_with_deadline(self.meter_provider.force_flush, remaining, "flush-metrics")
-        exported, dropped, pending = self._counts()
+        exported, dropped, pending = self.counts()
         return FlushResult(completed and pending == 0, exported, dropped, pending, time.monotonic() - start,
                            self.spans_spooled)
 
@@ -310,7 +311,7 @@ class Telemetry:
         # Bounded even here: a second shutdown (a signal arriving during the
         # atexit one) must not wait longer than asked, let alone deadlock.
         if not self._shutdown_lock.acquire(timeout=max(0.0, timeout_s)):
-            exported, dropped, pending = self._counts()
+            exported, dropped, pending = self.counts()
             return FlushResult(False, exported, dropped, pending, time.monotonic() - start, self.spans_spooled)
         try:
             if self._shutdown_result is not None:
@@ -337,7 +338,7 @@ class Telemetry:
                 self.meter_provider.shutdown, deadline - time.monotonic(), "shutdown-metrics"
             ) and self._metric_exporter is not None:
                 call_contained(self._metric_exporter.shutdown)
-            exported, dropped, pending = self._counts()
+            exported, dropped, pending = self.counts()
             dropped += pending  # nothing queued now will ever leave
             # A pipeline shut down (a reconfigure) has nothing left for the exit: its hook would
             # only keep it, its providers and its spans alive until then.

@@ -76,7 +76,7 @@ class DLRoverLogProcessor(SpanProcessor):
         self._queue: queue.Queue[Any] = queue.Queue(max_queue_size)
         self._stopped = False
         self._start_thread()
-        reset_in_child(self, _reset_in_child)
+        reset_in_child(self, DLRoverLogProcessor._reset_in_child)
 
     @property
     def dropped(self) -> int:
@@ -87,10 +87,11 @@ class DLRoverLogProcessor(SpanProcessor):
         self._thread = threading.Thread(target=self._run, name="otel-training-dlrover-log", daemon=True)
         self._thread.start()
 
-    def _after_fork(self) -> None:
-        # A forked child (a DataLoader worker) gets a fresh queue and writer.
-        self._queue = queue.Queue(self._queue.maxsize)
-        self._start_thread()
+    def _reset_in_child(self) -> None:
+        """A forked child's copy (a DataLoader worker): a fresh queue and writer, unless shut down (nothing starts)."""
+        if not self._stopped:
+            self._queue = queue.Queue(self._queue.maxsize)
+            self._start_thread()
 
     def _put(self, item: Any) -> None:
         try:
@@ -190,9 +191,3 @@ class DLRoverLogProcessor(SpanProcessor):
         except queue.Full:
             pass
         self._thread.join(1.0)
-
-
-def _reset_in_child(processor: DLRoverLogProcessor) -> None:
-    """A forked child's copy: a new writer thread, unless the processor was shut down (it starts nothing)."""
-    if not processor._stopped:  # noqa: SLF001 - the processor's own fork reset, registered by its class
-        processor._after_fork()  # noqa: SLF001 - the same fork reset: a new writer thread in the child

@@ -126,7 +126,7 @@ def _watch_shutdown() -> None:
 
 def _span_open_sessions() -> None:
     for tracer in list(_session_tracers):
-        tracer._span_all()  # noqa: SLF001 - SessionTracer's, in this module: its open sessions become spans at shutdown
+        tracer.span_open_sessions()
 
 
 class SessionTracer:
@@ -245,7 +245,8 @@ class SessionTracer:
             del self._tasks[task.task_id]
         return task
 
-    def _span_all(self) -> None:
+    def span_open_sessions(self) -> None:
+        """The sessions still open become spans now, status as recorded (the pipeline's shutdown calls it)."""
         with self._lock:
             tasks = [t for t in (self._close_span(r) for r in list(self._records.values())) if t is not None]
         for task in tasks:

@@ -78,7 +78,8 @@ class EventEmitter:
     def __init__(self, target: str, exporter: EventExporter | None) -> None:
         self.target = target
         self.exporter = exporter
-        self._spans = _SpanProcess(target)
+        #: The target's span process: its events' spans, and the Process's error and info span events.
+        self.spans = _SpanProcess(target)
 
     def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:
         content = _as_dict(content)
@@ -96,12 +97,12 @@ class EventEmitter:
 
     @contained(default=None)
     def _span_event(self, name: str, content: Mapping[Any, Any]) -> None:
-        self._spans.instant_of_attributes(text(name), _instant_attributes(name, content))
+        self.spans.instant_of_attributes(text(name), _instant_attributes(name, content))
 
     @contained(default=None)
     def _span(self, name: str, content: Mapping[Any, Any]) -> _Span | None:
         span_name, kind, renames = _SPANS.get(name, _PLAIN) if isinstance(name, str) else _PLAIN
-        return kind(self._spans, span_name or text(name), None, event_name=text(name),
+        return kind(self.spans, span_name or text(name), None, event_name=text(name),
                     attributes=_span_attributes(content, renames, _OUTCOME)).begin()
 
 
@@ -256,8 +257,8 @@ class Process(_SafeAttributes, metaclass=_SafeCalls):
     def error(self, msg: str) -> None:
         """Logged (not an event, as in DLRover), and an error event on the current span."""
         logger.error(msg)
-        self._emitter._spans.error(msg)  # noqa: SLF001 - this module's EventEmitter, whose span process this Process owns
+        self._emitter.spans.error(msg)
 
     def info(self, msg: str) -> None:
         logger.info(msg)
-        self._emitter._spans.info(msg)  # noqa: SLF001 - this module's EventEmitter, whose span process this Process owns
+        self._emitter.spans.info(msg)

@@ -16,7 +16,6 @@ import queue
 import sys
 import threading
 import time
-from operator import methodcaller
 from typing import Any, TextIO
 
 from otel_training._contain import log_once
@@ -68,7 +67,8 @@ class _LineExporter(EventExporter):
     def _open(self) -> TextIO:
         raise NotImplementedError
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
+        """In a forked child (the writer's fork reset): set the parent's stream aside, open our own on next write."""
         # The parent's stream may hold its unwritten lines, or a lock its writer thread held: the child
         # never flushes nor closes it (that would write the parent's lines twice) and opens its own.
         if self._stream is not None:
@@ -136,7 +136,7 @@ class AsyncExporter(EventExporter):
         self._lost_at_close = 0
         self._leftover: list[Any] = []
         self.written = 0
-        reset_in_child(self, methodcaller("_after_fork"))
+        reset_in_child(self, AsyncExporter._after_fork)
 
     @property
     def dropped(self) -> int:
@@ -260,7 +260,7 @@ class AsyncExporter(EventExporter):
         self._thread = None
         self._thread_lock = threading.Lock()
         if isinstance(self._inner_exporter, _LineExporter):
-            self._inner_exporter._after_fork()  # noqa: SLF001 - _LineExporter's fork hook, in this module: the child sets the parent's stream aside
+            self._inner_exporter.after_fork()  # the child sets the parent's stream aside
 
 
 def _drain(items: queue.Queue[Any]) -> list[Any]:

@@ -120,7 +120,7 @@ def _track(tracker: StepTracker) -> None:
 
     collectives = tracker.collectives
     if collectives is None:
-        collectives = CollectiveTracker(step_number=lambda: tracker._number, route=taken)  # noqa: SLF001 - the step tracker's step count, read by the collectives it owns
+        collectives = CollectiveTracker(step_number=lambda: tracker.number, route=taken)
         tracker.collectives = collectives
         alert_context.add(collectives.alert_attributes)
     collectives.attach(dist.group.WORLD)

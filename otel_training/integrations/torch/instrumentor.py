@@ -162,7 +162,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInstrume
                 patch_dcp()
             else:
                 wrapt.register_post_import_hook(lambda module: self._when_imported(generation, patch_dcp), _DCP)
-        tracker._arm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: the instrumentor that made it starts it
+        tracker.arm_forward()  # the instrumentor that made it starts it
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation = getattr(self, "_generation", 0) + 1
@@ -188,12 +188,12 @@ def suspend_steps() -> Callable[[], None]:
     tracker.close()
     tracker.loop.close()  # the framework's own train and epoch spans frame what follows
     tracker.suspended = True
-    tracker._disarm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: suspending it is the instrumentor's call
+    tracker.disarm_forward()  # suspending it is the instrumentor's call
 
     def undo() -> None:
         tracker.suspended = previous
         if not previous:
-            tracker._arm_forward()  # noqa: SLF001 - the step tracker's own arming protocol: resuming it is the instrumentor's call
+            tracker.arm_forward()  # resuming it is the instrumentor's call
 
     return undo
 

@@ -80,19 +80,17 @@ class StepTracker(Dormancy, NestedWork):
         self._just_closed = False
         self._forward_handle: Any = None
         self._telemetry: Any = None
-        #: The runtime steps are made in, until its pipeline closes (``_pipeline_closing`` forgets it): looked up
-        #: once, not on every step.
+        #: The steps' runtime, looked up once, not every step, until its pipeline closes (``_pipeline_closing``).
         self._rt: EventsRuntime | None = None
         self._awaiting_input = False
         self._nested: dict[int, int] = {}  # optimizer id -> step() calls in progress
         #: Whether a DataLoader iterator has nothing left (``loader_length.py``).
         self._lengths = LoaderLengths()
-        #: The suppression check and the data-wait threshold the optimizer and fetch hooks use, as fields: the
-        #: C core's hooks (``native/steps.c``) read the same ones.
+        #: The optimizer and fetch hooks' suppression check and data-wait threshold: the C core reads them too.
         self._enabled = instrumentation_enabled
         self._wait_span_min_ns = DATA_WAIT_SPAN_MIN_NS
-        #: The counts a step's end sets, by name, the attribute a step's number is, and torch's gradient check:
-        #: fields, so ``_close``, ``_open`` and ``fetch_begin`` read them from one place, in Python and in the C core.
+        #: The counts a step's end sets, the step number's attribute and torch's gradient check, read by ``_close``,
+        #: ``_open`` and ``fetch_begin`` from one place, in Python and in the C core.
         self._end_keys = (sc.STEP_SUBSTEPS, sc.STEP_OPTIMIZER_STEPS, sc.STEP_SKIPPED, sc.STEP_DATA_WAIT_S)
         self._step_key = sc.STEP
         self._grad_enabled = grad_enabled
@@ -116,9 +114,8 @@ class StepTracker(Dormancy, NestedWork):
         return instrumentation_enabled() and self._here()
 
     def _here(self) -> bool:
-        """``_records_here`` where the caller has checked ``instrumentation_enabled()``: the wrapped fetch and
-        backward, whose wrapper checked it (each check and each Python frame costs about a microsecond in a
-        real loop, where torch has evicted our code from the caches)."""
+        """``_records_here`` after the caller's ``instrumentation_enabled()`` check (the wrapped fetch and backward):
+        each check and frame costs about a microsecond in a real loop, where torch evicted our code from caches."""
         if self.suspended or (self.dormant and self._still_dormant()):
             return False
         ident = threading.get_ident()
@@ -127,8 +124,7 @@ class StepTracker(Dormancy, NestedWork):
         return ident == self._owner
 
     def _failed(self, hook: str) -> None:
-        """An internal error in a hook: logged once, never raised into the loop. The hooks below contain
-        themselves inline (a ``contained`` wrapper would be one more frame each, six a step)."""
+        """A hook's internal error, logged once (contained inline: a wrapper would be a frame more, six a step)."""
         log_once(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
                  f"StepTracker.{hook}")
 
@@ -139,7 +135,7 @@ class StepTracker(Dormancy, NestedWork):
         if self.loop.evaluation is not None:
             self.loop.end_evaluation()
         if self._forward_handle is not None:
-            self._disarm_forward()
+            self.disarm_forward()
         self._just_closed = False
         if rt is None:
             rt = self._training()
@@ -154,8 +150,7 @@ class StepTracker(Dormancy, NestedWork):
         self._awaiting_input = awaiting_input
 
     def _make_step(self, key: str, number: int) -> StepDuration:
-        """The step numbered ``number`` (its attribute ``key``: ``training.step``), not begun. The C core's
-        (``native/steps.c``) copies the first one this made instead of calling ``__init__`` every step."""
+        """Step ``number`` (attribute ``key``), not begun; the C core copies the first one made, not ``__init__``."""
         return new_step(self.trainer, sc.SPAN_STEP, "#step",  # valid attributes: no conversion
                         {key: number, sc.INSTRUMENTATION_SOURCE: SOURCE})
 
@@ -208,22 +203,28 @@ class StepTracker(Dormancy, NestedWork):
         self._reset()
         self._just_closed = True
         if not fetched:  # a DataLoader-driven loop's next fetch opens the next step
-            self._arm_forward()
+            self.arm_forward()
 
     def _boundary(self, fetch: bool) -> None:
         """A new iteration may begin here: close a step waiting for its boundary."""
         if self._step is not None and self._complete and (fetch or not self._fetched):
             self._close()
 
-    # -- the forward pre-hook, armed only while no step is open -------------
+    # -- the forward pre-hook, armed while no step is open; by the instrumentor too, and the C core ------------
     def _claimed(self) -> None:
-        self._arm_forward()
+        self.arm_forward()
 
-    def _arm_forward(self) -> None:
+    @property
+    def number(self) -> int:
+        """Steps ended so far, the open (or next) step's number: the collectives name their step by it."""
+        return self._number
+
+    def arm_forward(self) -> None:
+        """Watch module forwards for the next step's start (no-op while suspended, dormant or armed)."""
         if self._forward_handle is None and not self.suspended and not self.dormant:
             self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
 
-    def _disarm_forward(self) -> None:
+    def disarm_forward(self) -> None:
         handle, self._forward_handle = self._forward_handle, None
         if handle is not None:
             handle.remove()
@@ -234,7 +235,7 @@ class StepTracker(Dormancy, NestedWork):
             return
         if self._step is not None:
             if self._fetched:  # a DataLoader drives the loop: forward is no boundary
-                self._disarm_forward()
+                self.disarm_forward()
                 return
             self._boundary(fetch=False)
         if self._step is None:
@@ -380,7 +381,7 @@ class StepTracker(Dormancy, NestedWork):
         if self._expected is not None and self._stepped >= self._expected:
             self._close()
         elif not self._fetched:
-            self._arm_forward()
+            self.arm_forward()
 
     def _pipeline_closing(self) -> None:
         """The pipeline shuts down: the open evaluation, step, epoch and training end (exported, not lost)."""
@@ -393,7 +394,7 @@ class StepTracker(Dormancy, NestedWork):
         self.loop.end_evaluation()
         self.close()
         self.loop.close()
-        self._disarm_forward()
+        self.disarm_forward()
         if self.collectives is not None:
             self.collectives.close()
 
