@@ -108,7 +108,7 @@ def _check_endpoint(environ: Mapping[str, str], name: str) -> None:
     try:
         url = urlsplit(value.strip())
         ok = url.scheme in ("http", "https") and bool(url.hostname)
-        url.port  # noqa: B018 - raises ValueError unless a port number in 0..65535
+        _ = url.port  # raises ValueError unless a port number in 0..65535
     except ValueError:
         ok = False
     if not ok:

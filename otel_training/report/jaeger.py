@@ -191,10 +191,11 @@ def fetch(url: str, service: str, *, limit: int = 10_000, lookback_s: float | No
     problems: list[Problem] = []
     records: list[SpanRecord] = []
     damaged: list[str] = []
-    address = url
-    for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s, timeout_s=timeout_s,  # noqa: B007 - the last page's address names a problem below
-                                  page_traces=page_traces, now_s=now_s):
+    address = url  # the last page's address names a problem below
+    for page_address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,
+                                       timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
         records += records_from_jaeger({"data": traces}, damaged)
+        address = page_address
     if damaged:
         problems.append(Problem(address, None, _DAMAGED.format(len(damaged), damaged[0])))
     if not records:
@@ -236,8 +237,9 @@ def spool(url: str, service: str, directory: Path, *, limit: int = 10_000, lookb
     try:
         directory.mkdir(parents=True, exist_ok=True)
         arrived = 0
-        for address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,  # noqa: B007 - the last page's address names a problem below
-                                      timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
+        for page_address, traces in _pages(url, service, problems, limit=limit, lookback_s=lookback_s,
+                                           timeout_s=timeout_s, page_traces=page_traces, now_s=now_s):
+            address = page_address  # the last page's address names a problem below
             rows = []
             for end, resource, text in _rows(traces, resources, damaged):
                 rows.append((end, arrived, resource, text))

@@ -20,7 +20,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained, log_once
 from otel_training._text import text
 from otel_training.compat.areal.config import _TARGET, CategoryLike, _category
 from otel_training.compat.areal.context import _global_step, _profiling, _session_id, _task_id
@@ -112,7 +112,9 @@ class _Scope:
         return self._duration.span if self._duration is not None else trace_api.INVALID_SPAN
 
     def __enter__(self) -> _Scope:
-        try:
+        # The user's block runs even if its span or profiler cannot start.
+        with contain("areal.scope.enter", "otel_training: internal error entering a perf_tracer scope; "
+                     "training continues"):
             self._category = _category(self._category)
             self._duration = Duration(_PROCESS, self._name, readable(self._args), attributes=_scope_attributes(self._category))
             self._duration.begin()
@@ -122,9 +124,6 @@ class _Scope:
                     self._tokens.append((_global_step, _global_step.set(self._args["global_step"])))
                 if tracer._wants_profiler(self._profile, self._args):  # noqa: SLF001 - PerfTracer's, through this module's _Recorder protocol
                     self._start_profiler()
-        except Exception:  # noqa: BLE001 - the user's block runs even if its span or profiler cannot start
-            log_once("areal.scope.enter", "otel_training: internal error entering a perf_tracer scope; "
-                     "training continues")
         self._start_us = _now_us()
         self._start_ns = time.perf_counter_ns()
         return self
@@ -150,7 +149,9 @@ class _Scope:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         duration_ns = time.perf_counter_ns() - self._start_ns
-        try:
+        # Leaving the scope must not raise over the user's block or its exception.
+        with contain("areal.scope.exit", "otel_training: internal error leaving a perf_tracer scope; "
+                     "training continues"):
             tracer = self._tracer
             if self._profiler is not None:
                 self._stop_profiler(exc_type, exc, tb)
@@ -162,9 +163,6 @@ class _Scope:
                 if exc_type is not None:
                     args.setdefault("exception", exc_type.__name__)
                 tracer._complete(self._name, self._start_us, duration_ns, str(self._category), args)  # noqa: SLF001 - PerfTracer's recorder, through this module's _Recorder protocol
-        except Exception:  # noqa: BLE001 - leaving the scope must not raise over the user's block or its exception
-            log_once("areal.scope.exit", "otel_training: internal error leaving a perf_tracer scope; "
-                     "training continues")
         if self._duration is not None:
             self._duration.__exit__(exc_type, exc, tb)  # contained; records the user's exception
         return False

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained, log_once
 from otel_training._text import text
 from otel_training.compat.dlrover._safe import SafeCallable, _as_dict, _SafeAttributes, _SafeCalls
 from otel_training.compat.dlrover.event import Event, generate_event_id
@@ -209,7 +209,8 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
         return self.begin()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        try:
+        # Never replace the user's exception, nor raise one.
+        with contain("dlrover-compat:exit", "otel_training: could not end a DLRover Duration"):
             if exc_type is None:
                 self.success()
             else:
@@ -218,8 +219,6 @@ class DurationSpan(_SafeAttributes, metaclass=_SafeCalls):
                 if tb is not None:
                     message += "\n" + "".join(traceback.format_tb(tb))
                 self.fail(message)
-        except Exception:  # noqa: BLE001 - never replace the user's exception, nor raise one
-            log_once("dlrover-compat:exit", "otel_training: could not end a DLRover Duration")
         return False
 
     def __repr__(self) -> str:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training._files import DIR_MODE, FILE_MODE, SymlinkRefused, open_for_append
 from otel_training._fork import forget, reset_in_child
 from otel_training.compat.dlrover.config import DEFAULT_QUEUE_SIZE, Config, get_rank
@@ -212,10 +212,9 @@ class AsyncExporter(EventExporter):
 
     def _flush(self) -> None:
         if isinstance(self._inner_exporter, _LineExporter):
-            try:
+            # A failed flush is logged; the writer thread and force_flush's waiter go on.
+            with contain(f"dlrover-compat:flush:{id(self)}", "otel_training: cannot flush the DLRover event log"):
                 self._inner_exporter.flush()
-            except Exception:  # noqa: BLE001 - a failed flush is logged; the writer thread and force_flush's waiter go on
-                log_once(f"dlrover-compat:flush:{id(self)}", "otel_training: cannot flush the DLRover event log")
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Wait (at most ``timeout_s``) until every event exported so far is written."""

@@ -36,7 +36,7 @@ import wrapt
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]  # the module opens with a file-wide ignore comment: mypy sees none of its names
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_training._contain import call_contained, log_once
+from otel_training._contain import call_contained, contain, log_once
 from otel_training._sdk_compat import instrumentation_check, suppression_keys
 
 if TYPE_CHECKING:
@@ -167,10 +167,9 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInstrume
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation = getattr(self, "_generation", 0) + 1
         for undo in reversed(getattr(self, "_undo", [])):
-            try:
+            # One patch that cannot be undone must not keep the others in place.
+            with contain("torch-uninstrument", "otel_training: could not undo a torch patch"):
                 undo()
-            except Exception:  # noqa: BLE001 - one patch that cannot be undone must not keep the others in place
-                log_once("torch-uninstrument", "otel_training: could not undo a torch patch")
         self._undo = []
         TorchInstrumentor.tracker = None
 

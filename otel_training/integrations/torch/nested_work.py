@@ -70,11 +70,11 @@ class NestedWork:
         if token is None:
             return
         duration, ctx = token
+        end: Callable[..., object] = duration.end
+        args: tuple[BaseException, ...] = ()
         if error is not None and not isinstance(error, StopIteration):
-            end: Callable[[], None] = lambda: duration.fail(error)  # noqa: E731 - one name for either ending, run in ctx below
-        else:
-            end = duration.end
+            end, args = duration.fail, (error,)
         if ctx is not None:
-            ctx.run(end)
+            ctx.run(end, *args)
         else:
-            end()
+            end(*args)
