@@ -24,7 +24,7 @@ from pathlib import PurePath
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training._text import encodable as _encodable
 from otel_training._text import text as text  # re-exported: duration.py and process.py import it from here
 
@@ -195,6 +195,8 @@ def _flatten(prefix: str, content: Mapping[Any, Any], out: dict[str, Any], depth
 #: ``Duration`` reads it for its inline path.
 CACHED_KEYS: dict[str, str] = {}
 _MAX_CACHED_KEYS = 1024
+#: ``to_attributes``' containment, built once: it runs for every event's content.
+_CONVERT_FAILED = contain("to_attributes", "otel_training: could not convert event content; part of it is dropped")
 
 
 def key_for(key: str, unnamed_prefix: str = CONTENT_PREFIX) -> str:
@@ -222,7 +224,7 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
     if not hasattr(content, "items"):
         _not_a_mapping(content)
         return out
-    try:
+    with _CONVERT_FAILED:  # a user's odd object must not reach training code
         for key, value in content.items():
             if len(out) >= MAX_KEYS:
                 log_once("to_attributes:keys", "otel_training: event content with more than %d keys; "
@@ -247,8 +249,6 @@ def to_attributes(content: Mapping[Any, Any] | None, unnamed_prefix: str = CONTE
                 converted = _value(value)
                 if converted is not None:
                     out[name] = converted
-    except Exception:  # noqa: BLE001 - a user's odd object must not reach training code
-        log_once("to_attributes", "otel_training: could not convert event content; part of it is dropped")
     return out
 
 
@@ -263,11 +263,10 @@ def readable(content: Any) -> Mapping[Any, Any] | None:
     if not hasattr(content, "items"):
         _not_a_mapping(content)
         return None
-    try:
+    # A user's mapping whose items() raises: dropped, never raised into training.
+    with contain("readable-content", "otel_training: event content is not a readable mapping; it is dropped"):
         return dict(itertools.islice(content.items(), MAX_KEYS + 1))
-    except Exception:  # noqa: BLE001 - a user's mapping whose items() raises: dropped, never raised into training
-        log_once("readable-content", "otel_training: event content is not a readable mapping; it is dropped")
-        return None
+    return None
 
 
 def _not_a_mapping(content: Any) -> None:

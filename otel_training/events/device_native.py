@@ -11,7 +11,7 @@ from __future__ import annotations
 from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training._fork import reset_in_child
 from otel_training.events import cuda as _cuda
 from otel_training.pipeline.device_records import DeviceRecorder
@@ -87,10 +87,9 @@ class NativeDeviceTimeline:
             _cuda.capture_listeners.remove(self.recorder.capture)
         except ValueError:
             pass
-        try:
+        # The native resolver failing at shutdown must not stop the exit.
+        with contain("device-native-close", "otel_training: the native device resolver failed at shutdown"):
             self.recorder.close(timeout_s)
-        except Exception:  # noqa: BLE001 - the native resolver failing at shutdown must not stop the exit
-            log_once("device-native-close", "otel_training: the native device resolver failed at shutdown")
         self.failed = True
 
     def _forked(self) -> None:

@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import _native_loader
 from otel_training import semconv as sc
-from otel_training._contain import call_contained, contained, log_once
+from otel_training._contain import call_contained, contain, contained, log_once
 from otel_training._sdk_compat import span_switch, trace_id_of
 from otel_training.events.attributes import CACHED_KEYS as _PLAIN_KEYS
 from otel_training.events.attributes import INT64_LIMIT as _INT64_LIMIT
@@ -45,6 +45,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The current span, read and switched in the fewest Python frames the runtime context allows.
 _SWITCH = span_switch()
 
+_STEP_END_FAILED = contain("StepDuration.end", "otel_training: internal error timing a step on the device; "
+                           "training continues")
 
 
 def _plain_attributes() -> Callable[..., dict[str, Any] | None] | None:
@@ -268,11 +270,8 @@ class Duration:
         pending = self.device_step
         if pending is not None:  # a step timed on the device's timeline: its device end marker first
             self.device_step = None
-            try:
+            with _STEP_END_FAILED:  # the device timeline's failure: logged, the host span still ends
                 pending[0].end_step(pending[1])
-            except Exception:  # noqa: BLE001 - the device timeline's failure: logged, the host span still ends
-                log_once("StepDuration.end", "otel_training: internal error timing a step on the device; "
-                         "training continues")
         try:
             span = self._span
             if span is None or self._ended:

@@ -17,7 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training._sdk_compat import trace_id_of
 from otel_training._text import text
 from otel_training.events.runtime import EventsRuntime
@@ -66,10 +66,9 @@ def record_error(span: Span, error: BaseException | str | None) -> None:
     if isinstance(error, BaseException):
         span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
         span.set_status(Status(StatusCode.ERROR, text(f"{type(error).__name__}: {text(error)}"[:512])))
-        try:
+        # The SDK calls str(error); the status above already says it failed.
+        with contain("record_exception", "otel_training: could not record an exception's details", exc_info=False):
             span.record_exception(error, escaped=True)
-        except Exception:  # noqa: BLE001 - the SDK calls str(error); the status above already says it failed
-            log_once("record_exception", "otel_training: could not record an exception's details", exc_info=False)
     else:
         message = "" if error is None else text(error)[:512]
         span.set_attribute(sc.ERROR_TYPE, "error")

@@ -14,12 +14,18 @@ from typing import Any
 
 from otel_training import _native_loader
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training._sdk_compat import trace_id_of
 from otel_training.events import device_probe
 from otel_training.events.duration import _CURRENT, Duration
 from otel_training.events.runtime import EventsRuntime
 from otel_training.events.span_factory import begin_failed, end_failed
+
+#: The device timeline's containments, built once: they run at every step.
+_INPUT_READY_FAILED = contain("StepDuration.input_ready", "otel_training: internal error timing a step on the "
+                              "device; training continues")
+_STEP_BEGIN_FAILED = contain("StepDuration.begin", "otel_training: internal error timing a step on the device; "
+                             "training continues")
 
 
 def _with_defaults(function: Callable[..., Any], **defaults: Any) -> Callable[..., Any]:
@@ -62,11 +68,8 @@ class StepDuration(Duration):
         """The step's input is in: its device work starts now (after ``begin_awaiting_input``)."""
         pending = self.device_step
         if pending is not None:
-            try:
+            with _INPUT_READY_FAILED:  # the device timeline's failure: logged, the step goes on timed on the host
                 pending[0].input_ready(pending[1])
-            except Exception:  # noqa: BLE001 - the device timeline's failure: logged, the step goes on timed on the host
-                log_once("StepDuration.input_ready", "otel_training: internal error timing a step on the "
-                         "device; training continues")
 
     def begin_detached(self, awaiting_input: bool = False,
                        rt: EventsRuntime | None = None, detached: bool = True,
@@ -82,7 +85,7 @@ class StepDuration(Duration):
         """
         step = timeline = None
         if self._span is None:
-            try:
+            with _STEP_BEGIN_FAILED:  # the step begins host-timed
                 if rt is None:  # Process.events_runtime(), inline for its usual case: the runtime it keeps
                     rt = self._process._runtime  # noqa: SLF001 - Process.events_runtime()'s kept runtime, read inline: the same layer's hot path
                     if rt is None or rt.closed:
@@ -97,9 +100,6 @@ class StepDuration(Duration):
                                                awaiting_input)
                     if step is not None:
                         self._attributes[sc.STEP_DEVICE_TIMED] = True
-            except Exception:  # noqa: BLE001 - contained inline (no wrapper frame on the hot path): the step begins host-timed
-                log_once("StepDuration.begin", "otel_training: internal error timing a step on the device; "
-                         "training continues")
         self._begin(rt, detached, under)
         span = self._span
         if step is not None and span is not None and span.is_recording():

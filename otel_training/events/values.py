@@ -36,13 +36,18 @@ from typing import Any, Literal, Protocol
 
 from opentelemetry.trace import Span
 
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training.events.attributes import attribute_value, describe_now, device_description, is_device_scalar
 
 #: Target of a value for the span's own attributes (an event's is its timestamp).
 SPAN = -1
 #: Values being read at once, at most; past it a value is described as before (counted, logged once).
 MAX_PENDING = 4096
+
+#: The training thread's containments (``defer``, ``poll``), built once.
+_START_FAILED = contain("values-start", "otel_training: could not read a logged device value; it is "
+                        "described instead")
+_DELIVER_LATE_FAILED = contain("values-deliver", "otel_training: could not deliver a device value read late")
 
 
 def defer_or_describe(values: PendingValues | None, span: Span, target: int,
@@ -154,11 +159,8 @@ class PendingValues:
                 reader = self._get_reader()
             handle = None
             if reader is not None and len(self.items) + len(started) < MAX_PENDING:
-                try:
+                with _START_FAILED:  # a value we cannot read is described, never raised
                     handle = reader.start(value)
-                except Exception:  # noqa: BLE001 - a value we cannot read is described, never raised
-                    log_once("values-start", "otel_training: could not read a logged device value; it is "
-                             "described instead")
             if handle is None:
                 self.described += 1
                 described[key] = device_description(value)
@@ -259,13 +261,12 @@ class PendingValues:
         reader = self._reader
         if reader is False:
             reader = None
-            try:
+            # A reader that cannot be made (a user's factory, torch's CUDA): values are described.
+            with contain("values-reader", "otel_training: no reader for device values; they are described"):
                 if _reader_factory is not None:
                     reader = _reader_factory()
                 elif "torch" in sys.modules:
                     reader = TorchValueReader()
-            except Exception:  # noqa: BLE001 - a reader that cannot be made (a user's factory, torch's CUDA): values are described
-                log_once("values-reader", "otel_training: no reader for device values; they are described")
             self._reader = reader
         return reader
 
@@ -280,7 +281,5 @@ class PendingValues:
         if item.target == SPAN and not item.ended and item.span.is_recording():
             item.span.set_attribute(item.key, value)
             return
-        try:
+        with _DELIVER_LATE_FAILED:  # poll() runs on the training thread: a failing deliver is logged, not raised
             self._deliver(item.span_id, item.target, {item.key: value})
-        except Exception:  # noqa: BLE001 - poll() runs on the training thread: a failing deliver is logged, not raised
-            log_once("values-deliver", "otel_training: could not deliver a device value read late")

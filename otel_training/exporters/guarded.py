@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training.exporters.spool import Spool
 
 #: An export running longer than this is a collector that hangs, not one that is slow.
@@ -69,12 +69,10 @@ class GuardedSpanExporter(SpanExporter):
         with self._lock:
             self.in_flight = count
             self._export_started = self._clock()
-        try:
+        result = SpanExportResult.FAILURE  # the exporter's failure is a failed batch (spooled or counted)
+        with contain(f"export:{type(self.exporter).__name__}", "otel_training: span exporter %s raised",
+                     type(self.exporter).__name__):
             result = self.exporter.export(spans)
-        except Exception:  # noqa: BLE001 - the exporter's failure is a failed batch (spooled or counted), never raised into training
-            log_once(f"export:{type(self.exporter).__name__}", "otel_training: span exporter %s raised",
-                     type(self.exporter).__name__)
-            result = SpanExportResult.FAILURE
         with self._lock:
             self.in_flight = 0
             self._export_started = None
@@ -111,10 +109,9 @@ class GuardedSpanExporter(SpanExporter):
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
+        # Closing goes on (the spool, the pipeline) whatever the exporter raises.
+        with contain(f"shutdown:{type(self.exporter).__name__}", "otel_training: exporter shutdown raised"):
             self.exporter.shutdown()
-        except Exception:  # noqa: BLE001 - closing goes on (the spool, the pipeline) whatever the exporter raises
-            log_once(f"shutdown:{type(self.exporter).__name__}", "otel_training: exporter shutdown raised")
 
     def shutdown(self) -> None:
         """After the batch processor's last export: the spool, too, is done."""
@@ -125,8 +122,7 @@ class GuardedSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         if self._closed.is_set():
             return False
-        try:
+        # A flush that raised is one that did not complete: False.
+        with contain(f"flush:{type(self.exporter).__name__}", "otel_training: exporter force_flush raised"):
             return self.exporter.force_flush(timeout_millis)
-        except Exception:  # noqa: BLE001 - a flush that raised is one that did not complete: False
-            log_once(f"flush:{type(self.exporter).__name__}", "otel_training: exporter force_flush raised")
-            return False
+        return False

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry.sdk.trace import Span as SDKSpan
 
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain, log_once
 from otel_training.hardware.nvml import ERROR_GPU_IS_LOST, NvmlDevice, Sample, error_code, reasons, visible_entry
 from otel_training.hardware.samples import SampleLog, step_events, step_state
 from otel_training.processors.stuck_actions import RemoteProcess, RemoteStacks
@@ -160,7 +160,9 @@ class GpuState:
         name = span.name
         if name not in JOINED:
             return
-        try:
+        # A step without its GPU state beats a span lost.
+        with contain("gpu-state-join", "otel_training: joining the GPU state to a step failed; the steps go on "
+                     "without it"):
             if name == sc.SPAN_DEVICE_STEP:  # the device the training process times its steps on: "cuda:N"
                 self._follow((span.attributes or {}).get(sc.DEVICE))
             start_ns = span.start_time or end_ns
@@ -172,9 +174,6 @@ class GpuState:
             if inside:
                 for name, event_attributes, at_ns in step_events(inside, self.device_attributes()):
                     span.add_event(name, event_attributes, at_ns)
-        except Exception:  # noqa: BLE001 - a step without its GPU state beats a span lost
-            log_once("gpu-state-join", "otel_training: joining the GPU state to a step failed; the steps go on "
-                     "without it")
 
     def _follow(self, label: Any) -> None:
         if isinstance(label, str) and label.startswith("cuda:") and label[5:].isdigit():
@@ -222,10 +221,11 @@ class RemoteWithGpuState:
 
     def stacks(self, thread_id: int | None) -> RemoteStacks:
         answer = self._remote.stacks(thread_id)
-        try:
+        context: dict[str, Any] | None = None
+        # Without it (None), the alert goes out without the GPU's state.
+        with contain("gpu-state-alert", "otel_training: the GPU state could not be added to a stuck alert"):
             context = {**self._state.alert_context(), **(answer.context or {})}
-        except Exception:  # noqa: BLE001 - the alert goes out without the GPU's state
-            log_once("gpu-state-alert", "otel_training: the GPU state could not be added to a stuck alert")
+        if context is None:
             return answer
         return answer._replace(context=context) if answer.context is not None else answer
 

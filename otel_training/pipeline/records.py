@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Link
 
-from otel_training._contain import log_once
+from otel_training._contain import contain
 
 BEGIN, END, SCOPE, FLUSH, CLOSE = 1, 2, 3, 4, 5
 #: The training process's answer to the drain's request for its threads' stacks (``stacks.py``).
@@ -84,12 +84,11 @@ def encode(record: tuple[Any, ...]) -> bytes | None:
 
 def encode_plain(record: tuple[Any, ...]) -> bytes | None:
     """``encode`` once marshal has refused the record as it is."""
-    try:
+    # Never raise into the code that began or ended the span.
+    with contain("offload-encode", "otel_training: a span could not be recorded for the drain; it is counted as "
+                 "dropped"):
         return marshal.dumps(plain(record))
-    except Exception:  # noqa: BLE001 - never raise into the code that began or ended the span
-        log_once("offload-encode", "otel_training: a span could not be recorded for the drain; it is counted as "
-                 "dropped")
-        return None
+    return None
 
 
 def encode_links(links: Sequence[Link] | None) -> list[tuple[Any, ...]] | None:

@@ -67,7 +67,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, StatusCode, set_span_in_context
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained, log_once
 from otel_training.analysis import (
     BUCKETS,
     LABELLED_SPAN_NAMES,
@@ -93,6 +93,8 @@ _QUEUED = LABELLED_SPAN_NAMES | {sc.SPAN_ALERT, sc.SPAN_TRAIN}
 #: A host step whose device span has not started holds the settled time back for at most this
 #: long (a device span is started, backdated, once the device begins the step).
 MAX_DEVICE_LAG_NS = 60_000_000_000
+#: ``on_start``'s containment, built once: it runs for every span, on the training thread.
+_ON_START_FAILED = contain("GoodputSpanProcessor.on_start", "otel_training: internal error in goodput on_start")
 
 
 class GoodputSpanProcessor(SpanProcessor):
@@ -176,7 +178,7 @@ class GoodputSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         # The live span, not the copy on_end gets: the collector sees from it when it has
         # ended (end time set, attributes and status frozen), so nothing is left for on_end.
-        try:
+        with _ON_START_FAILED:
             if span.name in _QUEUED:
                 started = self._started
                 if len(started) < self._max_pending:
@@ -185,8 +187,6 @@ class GoodputSpanProcessor(SpanProcessor):
                         self._wake_settler()
                 else:
                     self._drop()
-        except Exception:  # noqa: BLE001 - contained inline (free when nothing raises): the hot path
-            log_once("GoodputSpanProcessor.on_start", "otel_training: internal error in goodput on_start")
 
     def on_end(self, span: ReadableSpan) -> None:
         """Nothing: the span has been queued at its start."""

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained
 from otel_training.compat.areal.config import (
     STATUSES,
     Category,
@@ -194,12 +194,11 @@ def session_context() -> Callable[[F], F]:
     """
 
     def activate() -> _NullScope:
-        try:
+        # The user's sample runs whether or not its session could be registered.
+        with contain("areal.session_context", "otel_training: internal error registering a session; "
+                     "training continues"):
             task_id = _task_id.get()
             _session_id.set(register_session(task_id) if task_id is not None else None)
-        except Exception:  # noqa: BLE001 - the user's sample runs whether or not its session could be registered
-            log_once("areal.session_context", "otel_training: internal error registering a session; "
-                     "training continues")
         return _NULL
 
     return lambda function: _wrap(function, activate)

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training._text import text
 from otel_training.compat.areal.config import _setting
 
@@ -26,7 +26,9 @@ def _user() -> str:
 
 def _output_path(config: Any, rank: int, role: str | None, subdir: str, stem: str) -> str | None:
     """AReaL's layout, so its converter and plotting tools find the files; None where it cannot be built."""
-    try:
+    # Any config AReaL's layout cannot be built from: no trace files, training goes on.
+    with contain("areal.output_path", "otel_training: cannot build the AReaL trace path from the config; "
+                 "no AReaL trace files are written"):
         parts = [_setting(config, name, None) for name in ("fileroot", "experiment_name", "trial_name")]
         # Unset (None, OmegaConf's "???"): AReaL fails on these; a directory named "None" is no better.
         if any(not isinstance(part, str | os.PathLike) or str(part) in ("", "???") for part in parts):
@@ -36,17 +38,15 @@ def _output_path(config: Any, rank: int, role: str | None, subdir: str, stem: st
         if role:
             base = os.path.join(base, role)
         return os.path.join(base, f"{stem}-r{rank}.jsonl")
-    except Exception:  # noqa: BLE001 - any config AReaL's layout cannot be built from: no trace files, training goes on
-        log_once("areal.output_path", "otel_training: cannot build the AReaL trace path from the config; "
-                 "no AReaL trace files are written")
-        return None
+    return None
 
 
 def _append_lines(path: str | None, items: list[dict[str, Any]]) -> bool:
     """Append JSON lines (fsynced, as AReaL does); an unserialisable value is written as its text."""
     if path is None:
         return True
-    try:
+    # A full disk must not stop training; kept for the next save.
+    with contain(f"areal.write:{path}", "otel_training: cannot append to %s; kept for the next save", path):
         lines = [json.dumps(item, ensure_ascii=False, default=text) for item in items]
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a", encoding="utf-8") as out:
@@ -54,6 +54,4 @@ def _append_lines(path: str | None, items: list[dict[str, Any]]) -> bool:
             out.flush()
             os.fsync(out.fileno())
         return True
-    except Exception:  # noqa: BLE001 - a full disk must not stop training; kept for the next save
-        log_once(f"areal.write:{path}", "otel_training: cannot append to %s; kept for the next save", path)
-        return False
+    return False

@@ -15,7 +15,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext
 
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training._text import text
 from otel_training.compat.areal.config import _TARGET
 from otel_training.events.attributes import to_attributes
@@ -43,7 +43,9 @@ class _TaskSpans:
 
 
 def _emit_task(task: _TaskSpans) -> None:
-    try:
+    # The records are written regardless; only their spans are lost.
+    with contain("areal.emit_task", "otel_training: internal error emitting a rollout task's spans; "
+                 "training continues"):
         parent = NonRecordingSpan(task.parent) if task.parent is not None else None
         end_ns = max(int(end * 1e9) for *_, end in task.done)
         start_ns = min([task.start_ns] + [int(d[0]["submit_ts"] * 1e9) for d in task.done])
@@ -52,9 +54,6 @@ def _emit_task(task: _TaskSpans) -> None:
                                 parent=parent or trace_api.INVALID_SPAN, target=_TARGET)
         for data, phases, counters, end in task.done:
             _emit_session(task_span, data, phases, counters, end)
-    except Exception:  # noqa: BLE001 - the records are written regardless; only their spans are lost
-        log_once("areal.emit_task", "otel_training: internal error emitting a rollout task's spans; "
-                 "training continues")
 
 
 def _emit_session(parent: Span, data: dict[str, Any], phases: dict[str, list[tuple[float, float | None,

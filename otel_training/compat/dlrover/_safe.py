@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained, log_once
 
 
 class SafeCallable:
@@ -82,9 +82,8 @@ class _SafeAttributes:
 def _as_dict(content: Any) -> dict[Any, Any]:
     if content is None:
         return {}
-    try:
+    # Content that is no mapping (or whose iteration raises) is dropped, logged once.
+    with contain("dlrover-compat:content", "otel_training: DLRover event content must be a mapping, not %s; it "
+                 "is dropped", type(content).__name__, exc_info=False):
         return dict(content)
-    except Exception:  # noqa: BLE001 - content that is no mapping (or whose iteration raises) is dropped, logged once
-        log_once("dlrover-compat:content", "otel_training: DLRover event content must be a mapping, not %s; it "
-                 "is dropped", type(content).__name__, exc_info=False)
-        return {}
+    return {}

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained, log_once
 from otel_training._text import text
 from otel_training.compat.dlrover.config import Config, one_per_process
 from otel_training.compat.dlrover.emitter import Process
@@ -55,13 +55,12 @@ class ErrorHandler:
         return one_per_process(cls, cls._lock)
 
     def _handle_exception(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        try:
+        # The user's exception, not ours, must reach the original hook.
+        with contain("dlrover-compat:exception-hook", "otel_training: could not log an uncaught exception"):
             if tb is not None:
                 self._process.instant("exception", {"stack": traceback.format_exception(exc_type, exc, tb),
                                                     "pid": os.getpid()})
                 _flush_default_exporter(1.0)
-        except Exception:  # noqa: BLE001 - the user's exception, not ours, must reach the original hook
-            log_once("dlrover-compat:exception-hook", "otel_training: could not log an uncaught exception")
         if self._original_excepthook is not None:
             self._original_excepthook(exc_type, exc, tb)
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained
 from otel_training.assembly.configure import get_telemetry
 
 #: ``claim(rank, world_size) -> bool``: configure a dormant process that began training.
@@ -54,11 +54,10 @@ class Dormancy:
             if get_telemetry() is not None:
                 claimed = True
             else:
-                try:
+                # Stay dormant, never break training.
+                with contain("torch-claim", "otel_training: could not configure this training process; "
+                             "it runs uninstrumented"):
                     claimed = bool(claim(rank, world_size))
-                except Exception:  # noqa: BLE001 - stay dormant, never break training
-                    log_once("torch-claim", "otel_training: could not configure this training process; "
-                             "it runs uninstrumented")
             self.dormant = not claimed
         if claimed:
             self._claimed()
