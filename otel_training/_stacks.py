@@ -38,7 +38,8 @@ def frame_stack(frame: FrameType | None, max_chars: int = MAX_STACK_CHARS) -> st
 
 def main_thread_frame() -> FrameType | None:
     """Where the main thread is now (for a signal handled on another thread)."""
-    return sys._current_frames().get(threading.main_thread().ident)  # type: ignore[arg-type]  # the main thread has started: its ident is set  # noqa: SLF001 - the only way to see it
+    ident = threading.main_thread().ident  # set: the main thread has started
+    return sys._current_frames().get(ident) if ident is not None else None  # noqa: SLF001 - the only way to see it
 
 
 def thread_stacks(first_thread_id: int | None = None, max_chars: int = MAX_STACK_CHARS,

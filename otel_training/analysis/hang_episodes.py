@@ -164,7 +164,8 @@ def _episode(group: list[tuple[int, StuckSpan]], run_ranks: list[int], errors: G
         result = _alone(result, views, bool(silent))
     ends = [span.end_ns for _, span in group]
     begin_ns = min(span.begin_ns for _, span in group)
-    end_ns = None if any(end is None for end in ends) else max(ends)  # type: ignore[type-var]  # this branch: no end is None
+    ended = [end for end in ends if end is not None]
+    end_ns = max(ended) if len(ended) == len(ends) else None  # open while any is
     result = explain_gpu(result, gpu_views(first, run_ranks, begin_ns, end_ns, errors))
     return Episode(begin_ns=begin_ns, end_ns=end_ns,
                    ranks=tuple(sorted(first)), steps=tuple(sorted({s.step for _, s in group if s.step is not None})),

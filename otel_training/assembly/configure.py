@@ -92,8 +92,8 @@ def _configure(reconfigure: bool, config_file: str | None, options: dict[str, An
         telemetry.shutdown(timeout_s=1.0)
         raise
     first = _current is None or standing_in  # a stand-in never became the global provider
-    if standing_in:
-        _current.shutdown(timeout_s=1.0)  # type: ignore[union-attr]  # standing_in: _current is the stand-in
+    if standing_in and _current is not None:  # the stand-in handle, replaced
+        _current.shutdown(timeout_s=1.0)
     _current = telemetry
     _forget_options_only()
     if resolved["set_global"] and first:

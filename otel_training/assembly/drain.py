@@ -89,8 +89,8 @@ def run(ring: Ring, hello: dict[str, Any]) -> int:
         logger.warning("otel_training: the training process ended with %d span(s) open; they are not exported", lost)
     if requests is not None:
         requests.close()  # the training process's responder sees the end of the pipe and stops
-    replayer.closing()
-    telemetry.shutdown(timeout_s=max(0.1, replayer.exit_deadline - time.monotonic()))  # type: ignore[operator]  # closing() just set it
+    deadline = replayer.closing()
+    telemetry.shutdown(timeout_s=max(0.1, deadline - time.monotonic()))
     publish(ring, telemetry, replayer, lost if not replayer.closed else 0)
     ring.put(DRAIN_FIELDS["done"], 1)
     return 0

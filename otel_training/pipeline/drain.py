@@ -175,14 +175,16 @@ class Replayer:
             except Exception:  # noqa: BLE001 - one bad record must not stop the rest
                 self._refuse(record, "the SDK refused it")
 
-    def closing(self, deadline: float | None = None) -> None:
+    def closing(self, deadline: float | None = None) -> float:
         """The training process closed its pipeline (by its ``deadline``, when its close record says) or is
-        gone: what is left gets until then, or ``exit_timeout_s``, and a moment for the last export."""
+        gone: what is left gets until then, or ``exit_timeout_s``, and a moment for the last export. Returns
+        that exit deadline (the first one set stays)."""
         if self.exit_deadline is None:
             now = time.monotonic()
             budget = float(self.telemetry.options["exit_timeout_s"])
             self.exit_deadline = now + budget if deadline is None else min(now + budget,
                                                                             max(deadline, now) + _LAST_EXPORT_S)
+        return self.exit_deadline
 
     @staticmethod
     def _close_deadline(payload: bytes) -> float | None:

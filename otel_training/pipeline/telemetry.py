@@ -290,8 +290,8 @@ class Telemetry:
     def force_flush(self, timeout_s: float = 5.0) -> FlushResult:
         """Export what is queued; returns within ``timeout_s`` whatever the collector does."""
         start = time.monotonic()
-        if self.is_shut_down:
-            return self._shutdown_result  # type: ignore[return-value]  # is_shut_down means it is set
+        if self._shutdown_result is not None:  # shut down: what the shutdown achieved
+            return self._shutdown_result
         for callback in self._before_flush:
             call_contained(callback, 0.25 * timeout_s)
         # The timeout goes to the provider too: the offloaded one asks the drain to flush no longer than this,
