@@ -35,7 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_training import StuckEvent, StuckSpanProcessor, _ring
+from otel_training import StuckEvent, StuckOptions, StuckSpanProcessor, _ring
 from otel_training.processors.thresholds import AdaptiveSettings, ThresholdLearner
 from otel_training.watchdog.slot import SlotWriter
 
@@ -68,8 +68,8 @@ def latency(trials: int, threshold_s: float, busy: bool) -> list[float]:
             fired_at.append(time.monotonic())
             fired.set()
 
-    processor = StuckSpanProcessor(threshold_s, first_threshold_s=threshold_s, escalation_s=3600, stacks=False,
-                                   on_stuck=on_stuck)
+    processor = StuckSpanProcessor(threshold_s, options=StuckOptions(
+        first_threshold_s=threshold_s, escalation_s=3600, stacks=False, on_stuck=on_stuck))
     provider = provider_with(processor)
     tracer = provider.get_tracer("bench")
     latencies = []
@@ -131,7 +131,7 @@ def cost_variants() -> dict[str, Callable[[], list[object]]]:
     return {
         "without": list,
         "fixed threshold": lambda: [StuckSpanProcessor(3600)],
-        "adaptive": lambda: [StuckSpanProcessor(3600, adaptive=True)],
+        "adaptive": lambda: [StuckSpanProcessor(3600, options=StuckOptions(adaptive=True))],
         "adaptive + watchdog slot": slotted,
     }
 
@@ -268,10 +268,10 @@ def replay(make_rule: Callable[[], Rule], seeds: int, steps: int, hangs: int) ->
 def real_time_replay(scale_s: float, steps: int, hangs: int) -> tuple[int, int, int, int, float]:
     """One sequence, time-scaled (1 median step = ``scale_s``), through the real processor."""
     alerted: set[int] = set()
-    processor = StuckSpanProcessor(
-        60 * scale_s, adaptive=True, first_threshold_s=120 * scale_s, stacks=False, escalation_s=3600,
+    processor = StuckSpanProcessor(60 * scale_s, options=StuckOptions(
+        adaptive=True, first_threshold_s=120 * scale_s, stacks=False, escalation_s=3600,
         adaptive_settings=AdaptiveSettings(min_threshold_s=0.0),
-        on_stuck=lambda event: event.kind == "stuck" and alerted.add(event.attributes["training.step"]))
+        on_stuck=lambda event: event.kind == "stuck" and alerted.add(event.attributes["training.step"])))
     provider = provider_with(processor)
     tracer = provider.get_tracer("bench")
     hang_steps = set()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from otel_training.processors.dlrover_log import DLRoverLogProcessor
     from otel_training.processors.goodput import GoodputSpanProcessor
     from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
+    from otel_training.processors.stuck_options import StuckOptions
     from otel_training.processors.thresholds import AdaptiveSettings
 
 #: Public name -> the module that defines it.
@@ -42,6 +43,7 @@ _EXPORTS = {
     "MasterProcess": "otel_training.events.predefined",
     "Process": "otel_training.events.process",
     "StuckEvent": "otel_training.processors.stuck",
+    "StuckOptions": "otel_training.processors.stuck_options",
     "StuckSpanProcessor": "otel_training.processors.stuck",
     "Telemetry": "otel_training.pipeline.telemetry",
     "TrainerProcess": "otel_training.events.predefined",
@@ -64,6 +66,7 @@ __all__ = [
     "MasterProcess",
     "Process",
     "StuckEvent",
+    "StuckOptions",
     "StuckSpanProcessor",
     "Telemetry",
     "TrainerProcess",

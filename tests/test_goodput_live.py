@@ -31,6 +31,7 @@ from otel_training import semconv as sc
 from otel_training.analysis import RunKey, SpanRecord, account
 from otel_training.processors.goodput import GoodputSpanProcessor
 from otel_training.processors.stuck import StuckSpanProcessor
+from otel_training.processors.stuck_options import StuckOptions
 
 THRESHOLD_S = 30.0
 #: The hung step starts here; the steps before it ran from 2 s to this (10 of 2 s, after 2 s of init).
@@ -51,8 +52,8 @@ class Job:
         self.provider = TracerProvider()
         self.exporter = InMemorySpanExporter()
         # As install_plugins adds them: the detector, then the goodput processor.
-        self.stuck = StuckSpanProcessor(THRESHOLD_S, first_threshold_s=THRESHOLD_S, clock=lambda: self.t,
-                                        watcher=False, stacks=False, tracer_provider=self.provider,
+        self.stuck = StuckSpanProcessor(THRESHOLD_S, options=StuckOptions(first_threshold_s=THRESHOLD_S, stacks=False),
+                                        clock=lambda: self.t, watcher=False, tracer_provider=self.provider,
                                         meter_provider=MeterProvider())
         self.goodput = GoodputSpanProcessor(MeterProvider(metric_readers=[self.reader]), clock=self.wall_ns,
                                             origin_ns=self.origin_ns, settle_in_background=False)
@@ -206,7 +207,8 @@ def test_a_stuck_span_whose_end_arrives_late_never_takes_back_stuck_time_shown(j
 def test_a_stuck_span_no_label_covers_holds_the_settled_time_at_its_crossing(job: Job) -> None:
     """A watched span without a label of its own (here a collective, watched by a rule): time after
     its crossing is not settled as something else before its recovery says it was stuck."""
-    job.stuck.rules = StuckSpanProcessor(THRESHOLD_S, ["training.collective"], first_threshold_s=THRESHOLD_S).rules
+    job.stuck.rules = StuckSpanProcessor(THRESHOLD_S, ["training.collective"],
+                                         StuckOptions(first_threshold_s=THRESHOLD_S)).rules
     job.tracer.start_span(sc.SPAN_INIT).end(end_time=job.wall_ns() + 2 * 10**9)
     job.at(2.0)
     job.tracer.start_span(sc.SPAN_STEP).end(end_time=job.wall_ns() + 2 * 10**9)

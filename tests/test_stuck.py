@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_json import read_spans
 from waiting import wait_until
 
-from otel_training import StuckEvent, StuckSpanProcessor
+from otel_training import StuckEvent, StuckOptions, StuckSpanProcessor
 from otel_training import semconv as sc
 from otel_training._stacks import thread_stacks
+from otel_training.processors.stuck_options import OPTION_FIELDS
 from otel_training.processors.thresholds import (
     SOURCE_ADAPTIVE,
     SOURCE_CAPPED,
@@ -40,7 +41,9 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
 
 
 class Pipeline:
-    """A TracerProvider with the processor under test and an in-memory exporter."""
+    """A TracerProvider with the processor under test and an in-memory exporter.
+
+    ``kwargs``: the constructor's, and ``StuckOptions``' fields, which go into its ``options``."""
 
     def __init__(self, **kwargs: object) -> None:
         self.exporter = InMemorySpanExporter()
@@ -48,7 +51,9 @@ class Pipeline:
         self.events: list[StuckEvent] = []
         self.provider = TracerProvider()
         kwargs.setdefault("on_stuck", self.events.append)
-        self.processor = StuckSpanProcessor(meter_provider=MeterProvider(metric_readers=[self.reader]), **kwargs)
+        policy = {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_FIELDS}
+        self.processor = StuckSpanProcessor(options=StuckOptions(**policy),
+                                            meter_provider=MeterProvider(metric_readers=[self.reader]), **kwargs)
         self.provider.add_span_processor(self.processor)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer("test")
@@ -325,10 +330,11 @@ def test_a_huge_threshold_does_not_kill_the_watcher(pipeline: Callable[..., Pipe
 
 
 def test_thresholds_below_the_floor_are_refused() -> None:
-    for kwargs in ({"threshold_s": 0.0}, {"threshold_s": 1.0, "escalation_s": 0.001},
-                   {"span_names": {"training.step": 0.0}}):
+    for make in (lambda: StuckSpanProcessor(threshold_s=0.0),
+                 lambda: StuckSpanProcessor(1.0, options=StuckOptions(escalation_s=0.001)),
+                 lambda: StuckSpanProcessor(span_names={"training.step": 0.0})):
         with pytest.raises(ValueError, match="0.01"):
-            StuckSpanProcessor(**kwargs)
+            make()
 
 
 def test_an_alert_being_raised_when_shutdown_begins_is_delivered(configure, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,7 +376,7 @@ def test_a_stop_right_after_the_watcher_found_an_alert_due_still_raises_it() -> 
     lock at that instant and set the stop. The alert already due is still raised."""
     seen: list[StuckEvent] = []
     exporter = InMemorySpanExporter()
-    processor = StuckSpanProcessor(0.05, [sc.SPAN_STEP], on_stuck=seen.append, stacks=False)
+    processor = StuckSpanProcessor(0.05, [sc.SPAN_STEP], StuckOptions(on_stuck=seen.append, stacks=False))
     stopped_after_due = threading.Event()
 
     class StopOnRelease(threading.Condition):  # what shutdown() does, the moment the watcher releases the lock

@@ -18,16 +18,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_training import semconv as sc
 from otel_training.processors.stuck import StuckEvent, StuckSpanProcessor
+from otel_training.processors.stuck_options import OPTION_FIELDS, StuckOptions
 
 
 class Detector:
+    """``kwargs``: the constructor's, and ``StuckOptions``' fields, which go into its ``options``."""
+
     def __init__(self, **kwargs) -> None:
         self.clock = FakeClock(1000.0)
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()
         self.events: list[StuckEvent] = []
-        self.processor = StuckSpanProcessor(clock=self.clock, watcher=False, on_stuck=self.events.append,
-                                            meter_provider=MeterProvider(), stacks=False, **kwargs)
+        policy = {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_FIELDS}
+        options = StuckOptions(on_stuck=self.events.append, stacks=False, **policy)
+        self.processor = StuckSpanProcessor(options=options, clock=self.clock, watcher=False,
+                                            meter_provider=MeterProvider(), **kwargs)
         self.provider.add_span_processor(self.processor)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer("test")

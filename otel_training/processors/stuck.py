@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal as signal_module
 import threading
 import time
 from collections import deque
@@ -45,8 +44,9 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
 from otel_training import semconv as sc
 from otel_training._fork import reset_in_child
 from otel_training._stacks import thread_stacks
-from otel_training.processors.stuck_actions import RemoteProcess, Slot, StuckActions, guarded, log_internal
+from otel_training.processors.stuck_actions import Slot, StuckActions, guarded, log_internal
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
+from otel_training.processors.stuck_options import OPTION_FIELDS, StuckOptions, check_seconds, options_with_legacy
 from otel_training.processors.stuck_rules import (
     DEFAULT_FIRST_FACTOR,
     DEFAULT_SPAN_NAMES,
@@ -87,56 +87,46 @@ class StuckSpanProcessor(WatchingSpanProcessor):
 
     ``span_names`` are span names or fnmatch patterns, optionally with their own
     threshold (``{"training.step": 30, "training.save_checkpoint": 600}`` or
-    ``"training.step=30"``). With ``adaptive=True`` each name's threshold is
-    learned from its completed spans (see ``processors.thresholds``), and
-    ``threshold_s`` is the warm-up threshold and the upper bound. ``flush`` is a
-    bounded flush (``Telemetry.force_flush``) used to export alerts at once and
-    before the ``"exit"`` action; without it the stuck span's own pipeline is
-    flushed from a helper thread.
+    ``"training.step=30"``). ``options`` is the policy (``StuckOptions``: adaptive
+    thresholds, escalation, callbacks, the action); with ``adaptive=True`` each
+    name's threshold is learned from its completed spans (see
+    ``processors.thresholds``), and ``threshold_s`` is the warm-up threshold and
+    the upper bound. The keywords are what it is wired to: the providers its
+    alerts go to, the watchdog's slot, the clock, and whether it runs a watcher
+    thread. ``StuckOptions``' fields are still taken as keywords, deprecated.
     """
 
     def __init__(
         self,
         threshold_s: float | None = None,
         span_names: Iterable[str] | Mapping[str, float | None] = DEFAULT_SPAN_NAMES,
+        options: StuckOptions | None = None,
         *,
-        adaptive: bool = False,
-        adaptive_settings: AdaptiveSettings | None = None,
-        first_threshold_s: float | None = None,
-        escalation_s: float | None = None,
-        on_stuck: Callable[[StuckEvent], Any] | Iterable[Callable[[StuckEvent], Any]] = (),
-        action: str = "none",
-        exit_code: int = 75,
-        signal: int | str = signal_module.SIGTERM,
-        flush: Callable[[float], Any] | None = None,
-        before_exit: Callable[[], Any] | None = None,
-        exit_flush_timeout_s: float = 2.0,
-        stacks: bool = True,
-        remote: RemoteProcess | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
         slot: Slot | None = None,
         clock: Callable[[], float] = time.monotonic,
         watcher: bool = True,
+        **legacy: Any,
     ) -> None:
+        options = options_with_legacy(type(self).__name__, options, legacy)
         rules = parse_span_names(span_names)
-        if threshold_s is None and not adaptive and any(value is None for value in rules.values()):
+        if threshold_s is None and not options.adaptive and any(value is None for value in rules.values()):
             raise ValueError("StuckSpanProcessor needs threshold_s, per-name thresholds or adaptive=True")
-        for label, value in (("threshold_s", threshold_s), ("first_threshold_s", first_threshold_s),
-                             ("escalation_s", escalation_s)):
-            if value is not None and not (MIN_THRESHOLD_S <= value < math.inf):
-                raise ValueError(f"{label}={value!r}: expected a finite number of seconds >= {MIN_THRESHOLD_S}")
+        check_seconds("threshold_s", threshold_s)
+        #: The policy: thresholds, escalation, callbacks, the action.
+        self.options = options
         #: Which spans are watched, and each name's threshold learner.
-        self.rules = StuckRules(rules, threshold_s, first_threshold_s,
-                                (adaptive_settings or AdaptiveSettings()) if adaptive else None)
-        self._escalation_s = escalation_s
+        self.rules = StuckRules(rules, threshold_s, options.first_threshold_s,
+                                (options.adaptive_settings or AdaptiveSettings()) if options.adaptive else None)
+        self._escalation_s = options.escalation_s
+        on_stuck = options.on_stuck
         self._callbacks = [on_stuck] if callable(on_stuck) else list(on_stuck)
-        self._stacks = stacks
+        self._stacks = options.stacks
         #: The process whose spans these are, when it is another one: its stacks, and where actions go.
-        self._remote = remote
-        self._sink = AlertSink(tracer_provider, meter_provider, action)
-        self._actions = StuckActions(action, exit_code, signal, flush, before_exit, exit_flush_timeout_s,
-                                     lambda: self._sink.flush_target, remote)
+        self._remote = options.remote
+        self._sink = AlertSink(tracer_provider, meter_provider, options.action)
+        self._actions = StuckActions(options, lambda: self._sink.flush_target)
         self._slot = slot
         #: Monotonic seconds; injected by tests, which then drive the scans with ``tick()``.
         self._clock = clock
@@ -146,17 +136,11 @@ class StuckSpanProcessor(WatchingSpanProcessor):
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **kwargs: Any) -> StuckSpanProcessor:
-        """Build from ``configure()`` options (``stuck_*``); ``kwargs`` as for the constructor."""
-        return cls(
-            options.get("stuck_threshold_s"),
-            options.get("stuck_span_names") or DEFAULT_SPAN_NAMES,
-            adaptive=bool(options.get("stuck_adaptive")) or options.get("stuck_threshold_s") is None,
-            escalation_s=options.get("stuck_escalation_s"),
-            action=options.get("stuck_action", "none"),
-            exit_code=options.get("stuck_exit_code", 75),
-            signal=options.get("stuck_signal", "SIGTERM"),
-            **kwargs,
-        )
+        """Build from ``configure()`` options (``stuck_*``). ``kwargs``: the ``StuckOptions`` fields the options
+        do not set (``flush``, ``stacks``, ``remote``...), and the constructor's keywords (``tracer_provider``...)."""
+        fields = {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_FIELDS}
+        return cls(options.get("stuck_threshold_s"), options.get("stuck_span_names") or DEFAULT_SPAN_NAMES,
+                   StuckOptions.from_config(options, **fields), **kwargs)
 
     def _reset_runtime_state(self) -> None:
         self._open: dict[int, _Watched] = {}
@@ -384,5 +368,5 @@ _AFTER_THE_FACT = frozenset({sc.SPAN_DEVICE_STEP, sc.SPAN_BETWEEN_STEPS})
 _LATE_S = 0.05
 
 
-__all__ = ["DEFAULT_FIRST_FACTOR", "DEFAULT_SPAN_NAMES", "MIN_THRESHOLD_S", "Slot", "StuckEvent", "StuckSpanProcessor",
-           "parse_span_names"]
+__all__ = ["DEFAULT_FIRST_FACTOR", "DEFAULT_SPAN_NAMES", "MIN_THRESHOLD_S", "Slot", "StuckEvent", "StuckOptions",
+           "StuckSpanProcessor", "parse_span_names"]

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal as signal_module
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 
 from otel_training._contain import log_once
+from otel_training.processors.stuck_options import signal_of
+
+if TYPE_CHECKING:
+    from otel_training.processors.stuck_options import StuckOptions
 
 logger = logging.getLogger("otel_training")
 
@@ -77,23 +80,19 @@ class Slot(Protocol):
 
 
 class StuckActions:
-    """The flusher thread and the ``none``/``exit``/``signal`` action of one detector (on ``remote`` when the
-    watched spans are another process's)."""
+    """The flusher thread and the ``none``/``exit``/``signal`` action of one detector, as its ``StuckOptions``
+    say (on their ``remote`` when the watched spans are another process's)."""
 
-    def __init__(self, action: str, exit_code: int, signal: int | str, flush: Callable[[float], Any] | None,
-                 before_exit: Callable[[], Any] | None, flush_timeout_s: float,
-                 flush_target: Callable[[], Callable[[], Any] | None], remote: RemoteProcess | None = None) -> None:
-        if action not in ("none", "exit", "signal"):
-            raise ValueError(f"action must be 'none', 'exit' or 'signal', not {action!r}")
-        self.action = action
-        self._exit_code = exit_code
-        self._signal = signal_module.Signals[signal] if isinstance(signal, str) else signal_module.Signals(signal)
-        self._flush = flush
-        self._before_exit = before_exit
-        self._flush_timeout_s = flush_timeout_s
+    def __init__(self, options: StuckOptions, flush_target: Callable[[], Callable[[], Any] | None]) -> None:
+        self.action = options.action
+        self._exit_code = options.exit_code
+        self._signal = signal_of(options.signal)
+        self._flush = options.flush
+        self._before_exit = options.before_exit
+        self._flush_timeout_s = options.exit_flush_timeout_s
         #: Where the last alert went when no bounded flush was given (the stuck span's own pipeline).
         self._flush_target = flush_target
-        self._remote = remote
+        self._remote = options.remote
         self.reset()
 
     def reset(self) -> None:

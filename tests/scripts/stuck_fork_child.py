@@ -9,7 +9,7 @@ import time
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_training import StuckSpanProcessor
+from otel_training import StuckOptions, StuckSpanProcessor
 
 
 def wait_for_event(events: list, timeout_s: float = 5) -> None:
@@ -19,7 +19,8 @@ def wait_for_event(events: list, timeout_s: float = 5) -> None:
 
 
 events = []
-processor = StuckSpanProcessor(0.3, first_threshold_s=0.3, escalation_s=60, on_stuck=lambda e: events.append(e))
+processor = StuckSpanProcessor(0.3, options=StuckOptions(first_threshold_s=0.3, escalation_s=60,
+                                                          on_stuck=lambda e: events.append(e)))
 provider = TracerProvider()
 provider.add_span_processor(processor)
 tracer = provider.get_tracer("t")
