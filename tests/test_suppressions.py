@@ -26,10 +26,12 @@ IGNORE_WITH_REASON = re.compile(r"^\[[a-z0-9-]+(?:\s*,\s*[a-z0-9-]+)*\]\s*(?:#|-
 #: Ceilings, lowered as suppressions go. When the linters first ran (2026-12-05) the package had 147 noqa and 84
 #: type-ignore comments (the issue counted 112 and 63 when filed); giving every one its codes and reason and
 #: naming every private call across objects (SLF001, which nothing checked before) made it 172 and 68, 54 of
-#: them private calls: those are to become public seams.
-MAX_NOQA = 166
-MAX_TYPE_IGNORE = 65
-MAX_PRIVATE = 46  # lines naming SLF001
+#: them private calls: those are to become public seams. On 2026-12-06 the containment blocks moved to
+#: ``_contain.contain`` (one broad except for all of them), the private calls across our own objects became
+#: public seams, and typed code replaced what the ignores asserted: 111, 59 and 31, under the filing's count.
+MAX_NOQA = 111
+MAX_TYPE_IGNORE = 59
+MAX_PRIVATE = 31  # lines naming SLF001
 
 
 def _lines() -> list[tuple[Path, int, str]]:

@@ -7,6 +7,7 @@ replace detection with ``use_device(factory)``.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -66,7 +67,7 @@ def probe(runtime: EventsRuntime) -> DeviceTimeline | NativeDeviceTimeline | Non
         if cuda is None or not cuda.is_initialized():
             return None
         events = str(runtime.telemetry.options.get("device_events", "torch"))
-        factory = lambda: _cuda_device(events)  # noqa: E731 - a one-line factory assigned where the user's would be
+        factory = functools.partial(_cuda_device, events)  # where the user's factory would be
     try:
         device = factory()
     except Exception:  # noqa: BLE001 - no device timing rather than no training

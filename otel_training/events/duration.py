@@ -176,13 +176,13 @@ class Duration:
             if rt is None:
                 rt = self._process.events_runtime()
             self._runtime = rt
-            if under is not None and under._span is None:  # noqa: SLF001 - another Duration's span: this class's own state
-                under = None  # a parent whose own begin failed: the context's, as without one
-            if under is None:
+            under_span = under._span if under is not None else None  # noqa: SLF001 - another Duration's span: this class's own state
+            if under_span is None:  # no parent given, or one whose own begin failed: the context's
+                under = None
                 parent = _CURRENT.get()
                 current: Span = _SWITCH.current()
             else:
-                parent, current = under, under._span  # type: ignore[assignment]  # not None: the check above dropped an under whose begin failed  # noqa: SLF001 - another Duration's span: this class's own state
+                parent, current = under, under_span
             # Only a trace with a parent Duration in it can outgrow its budget. The usual case: a child of the
             # current span, which is its parent's and within budget (counted here), in one read of the context.
             if parent is None or parent._span is not current:  # noqa: SLF001 - the parent Duration's span: this class's own state

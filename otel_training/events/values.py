@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 from opentelemetry.trace import Span
 
-from otel_training._contain import contain, log_once
+from otel_training._contain import contain
 from otel_training.events.attributes import attribute_value, describe_now, device_description, is_device_scalar
 
 #: Target of a value for the span's own attributes (an event's is its timestamp).
@@ -247,12 +247,12 @@ class PendingValues:
             except Exception:  # noqa: BLE001 - text() never raises; this is belt and braces
                 converted = None
             try:
-                if converted is not None:
-                    self._deliver(span_id, target, {key: converted})
-                else:
-                    self.unresolved += 1
-            except Exception:  # noqa: BLE001 - a failing deliver must not end the converter thread
-                log_once("values-deliver", "otel_training: could not deliver a converted value")
+                # A failing deliver must not end the converter thread.
+                with contain("values-deliver", "otel_training: could not deliver a converted value"):
+                    if converted is not None:
+                        self._deliver(span_id, target, {key: converted})
+                    else:
+                        self.unresolved += 1
             finally:
                 with self._lock:
                     self._unconverted -= 1

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from otel_training._contain import log_once
+from otel_training._contain import contain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +42,9 @@ def run_with_deadline(function: Callable[[], Any], timeout_s: float, name: str) 
 
     def run() -> None:
         try:
-            function()
-        except Exception:  # noqa: BLE001 - a daemon thread: the flush's or shutdown's failure is logged once, not raised
-            log_once(f"deadline:{name}", "otel_training: %s raised", name)
+            # A daemon thread: the flush's or shutdown's failure is logged once, not raised.
+            with contain(f"deadline:{name}", "otel_training: %s raised", name):
+                function()
         finally:
             done.set()
 

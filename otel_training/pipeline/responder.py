@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training import semconv as sc
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training._stacks import thread_stacks
 from otel_training.pipeline.records import STACKS, plain
 from otel_training.processors import alert_context
@@ -77,27 +77,27 @@ class Responder:
 
     def _answer(self) -> None:
         try:
-            while True:
-                request = os.read(self._fd, _REQUEST.size)  # blocks without the GIL; b"": the drain is gone
-                if len(request) != _REQUEST.size:
-                    return
-                kind, value, thread_id = _REQUEST.unpack(request)
-                if kind == _ASK_STACKS:
-                    stacks = thread_stacks(thread_id or None)
-                    # And what this process's alerts carry (the collective the rank is inside): the drain's
-                    # detector has no collective tracker of its own.
-                    context = plain(dict(alert_context.collect()))
-                    self._write(marshal.dumps((STACKS, value, stacks, context)), None,
-                                time.monotonic() + _WRITE_WAIT_S)
-                elif kind == _ASK_EXIT:
-                    self._exit(int(value))
-                elif kind == _ASK_DEVICE:
-                    uuid = cuda_uuid(thread_id)
-                    self._write(marshal.dumps((STACKS, value, "", {sc.HW_ID: uuid} if uuid else {})), None,
-                                time.monotonic() + _WRITE_WAIT_S)
-        except Exception:  # noqa: BLE001 - never raise in the training process; the alerts go without stacks
-            log_once("responder", "otel_training: the thread answering the drain's requests stopped; stuck alerts "
-                     "go without stacks")
+            # Never raise in the training process; the alerts go without stacks.
+            with contain("responder", "otel_training: the thread answering the drain's requests stopped; stuck alerts "
+                         "go without stacks"):
+                while True:
+                    request = os.read(self._fd, _REQUEST.size)  # blocks without the GIL; b"": the drain is gone
+                    if len(request) != _REQUEST.size:
+                        return
+                    kind, value, thread_id = _REQUEST.unpack(request)
+                    if kind == _ASK_STACKS:
+                        stacks = thread_stacks(thread_id or None)
+                        # And what this process's alerts carry (the collective the rank is inside): the drain's
+                        # detector has no collective tracker of its own.
+                        context = plain(dict(alert_context.collect()))
+                        self._write(marshal.dumps((STACKS, value, stacks, context)), None,
+                                    time.monotonic() + _WRITE_WAIT_S)
+                    elif kind == _ASK_EXIT:
+                        self._exit(int(value))
+                    elif kind == _ASK_DEVICE:
+                        uuid = cuda_uuid(thread_id)
+                        self._write(marshal.dumps((STACKS, value, "", {sc.HW_ID: uuid} if uuid else {})), None,
+                                    time.monotonic() + _WRITE_WAIT_S)
         finally:
             try:
                 os.close(self._fd)

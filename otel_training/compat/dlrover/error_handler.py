@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from otel_training._contain import contain, contained, log_once
+from otel_training._contain import contain, contained
 from otel_training._text import text
 from otel_training.compat.dlrover.config import Config, one_per_process
 from otel_training.compat.dlrover.emitter import Process
@@ -66,16 +66,16 @@ class ErrorHandler:
 
     def _handle_signal(self, signum: int, frame: Any) -> None:
         try:
-            content: dict[str, Any] = {"sig": signum, "sig_name": signal.Signals(signum).name, "pid": os.getpid()}
-            try:
-                if frame:
-                    content["stack"] = traceback.format_list(traceback.extract_stack(frame))
-            except Exception as error:  # noqa: BLE001 - a stack that cannot be read is named in the event, as DLRover does
-                content["stack"] = f"get stack failed: {text(error)}"
-            self._process.instant("exit_sig", content)
-            _flush_default_exporter(1.0)
-        except Exception:  # noqa: BLE001 - in a signal handler: the original handler must still run (finally)
-            log_once("dlrover-compat:signal-hook", "otel_training: could not log a signal")
+            # In a signal handler: the original handler must still run (finally).
+            with contain("dlrover-compat:signal-hook", "otel_training: could not log a signal"):
+                content: dict[str, Any] = {"sig": signum, "sig_name": signal.Signals(signum).name, "pid": os.getpid()}
+                try:
+                    if frame:
+                        content["stack"] = traceback.format_list(traceback.extract_stack(frame))
+                except Exception as error:  # noqa: BLE001 - a stack that cannot be read is named in the event, as DLRover does
+                    content["stack"] = f"get stack failed: {text(error)}"
+                self._process.instant("exit_sig", content)
+                _flush_default_exporter(1.0)
         finally:
             self._call_original_handler(signum, frame)
 

@@ -79,13 +79,10 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInstrume
 
         A torch without that function (an older or newer one) loses that span only: said once in the log,
         never raised into the script (the rest of the instrumentation still goes on)."""
-        try:
+        with _missing(module, name):  # API drift across torch versions
             owner, attribute = _owner_of(module, name)
             wrapt.wrap_function_wrapper(module, name, _unless_suppressed(wrapper))
-        except Exception:  # noqa: BLE001 - API drift across torch versions
-            _missing(module, name)
-            return
-        self._undo.append(lambda: unwrap(owner, attribute))
+            self._undo.append(lambda: unwrap(owner, attribute))
 
     def _install(self, module: Any, name: str, make: Callable[[Callable[..., Any]], _StandIn]) -> None:
         """Put ``make(original)`` in ``module.name``'s place itself (a dotted name for a method, as ``_wrap``'s), and
@@ -96,29 +93,14 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInstrume
         arguments packed into a tuple and a dict), more than the hook's own work. Uninstrumenting puts the
         original back; where somebody has put their own wrapper over ours meanwhile, ours stays in their chain,
         closed (it only calls the original), and the log says so once."""
-        try:
+        with _missing(module, name):  # API drift across torch versions
             owner, attribute = _owner_of(module, name)
             namespace = vars(owner)
             had = attribute in namespace
             original = namespace[attribute] if had else getattr(owner, attribute)
             stand_in, close = make(original)
             setattr(owner, attribute, stand_in)
-        except Exception:  # noqa: BLE001 - API drift across torch versions
-            _missing(module, name)
-            return
-
-        def undo() -> None:
-            if vars(owner).get(attribute) is not stand_in:
-                close()
-                log_once(f"torch-rewrapped:{attribute}", "otel_training: %s.%s was wrapped again after "
-                         "instrumenting; the instrumentation's part of it now only passes calls on",
-                         getattr(owner, "__name__", owner), attribute, exc_info=False)
-            elif had:
-                setattr(owner, attribute, original)
-            else:
-                delattr(owner, attribute)
-
-        self._undo.append(undo)
+            self._undo.append(lambda: _put_back(owner, attribute, stand_in, close, had, original))
 
     def _patch_torch(self) -> None:
         import torch
@@ -220,10 +202,25 @@ def _owner_of(module: Any, name: str) -> tuple[Any, str]:
     return owner, attribute
 
 
-def _missing(owner: Any, name: str) -> None:
-    log_once(f"torch-wrap:{getattr(owner, '__name__', owner)}.{name}",
-             "otel_training: this torch has no %s.%s to instrument; its spans are left out",
-             getattr(owner, "__name__", owner), name, exc_info=False)
+def _missing(owner: Any, name: str) -> contain:
+    """Patching ``owner.name``: a torch without it (older or newer) loses those spans, said once, never raised."""
+    label = getattr(owner, "__name__", owner)
+    return contain(f"torch-wrap:{label}.{name}", "otel_training: this torch has no %s.%s to instrument; its spans "
+                   "are left out", label, name, exc_info=False)
+
+
+def _put_back(owner: Any, attribute: str, stand_in: Any, close: Callable[[], None], had: bool, original: Any) -> None:
+    """Undo ``_install``: the original back in place, unless somebody wrapped ours since (then ours only passes
+    calls on, closed, and the log says so once)."""
+    if vars(owner).get(attribute) is not stand_in:
+        close()
+        log_once(f"torch-rewrapped:{attribute}", "otel_training: %s.%s was wrapped again after "
+                 "instrumenting; the instrumentation's part of it now only passes calls on",
+                 getattr(owner, "__name__", owner), attribute, exc_info=False)
+    elif had:
+        setattr(owner, attribute, original)
+    else:
+        delattr(owner, attribute)
 
 
 def _unless_suppressed(wrapper: Callable[..., Any]) -> Callable[..., Any]:
