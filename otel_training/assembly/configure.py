@@ -34,7 +34,7 @@ def get_telemetry() -> Telemetry | None:
     return _current
 
 
-def configure(*, reconfigure: bool = False, config_file: str | None = None, **options: Any) -> Telemetry:
+def configure(*, reconfigure: bool = False, config_file: str | None = None, **options: object) -> Telemetry:
     """Set up tracing and metrics for this process; see docs/configuration.md.
 
     Calling it again returns the same handle. With other options it raises,

@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace as trace_api
@@ -127,7 +126,7 @@ class DeviceTimeline:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-training-device", daemon=True)
         self._thread.start()
-        reset_in_child(self, methodcaller("_forked"))
+        reset_in_child(self, DeviceTimeline._forked)
         runtime.telemetry.on_shutdown(self.close)
 
     # -- the training thread: one marker record, a deque append ---------------

@@ -8,7 +8,6 @@ the drain makes the ``training.device_step`` spans and watches the time between 
 
 from __future__ import annotations
 
-from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from otel_training._contain import contain
@@ -50,7 +49,7 @@ class NativeDeviceTimeline:
         self.failed = False
         self._runtime = runtime
         _cuda.capture_listeners.append(recorder.capture)
-        reset_in_child(self, methodcaller("_forked"))
+        reset_in_child(self, NativeDeviceTimeline._forked)
         runtime.telemetry.on_shutdown(self.close)
 
     def begin_step(self, epoch: Any, awaiting_input: bool = False) -> _Step | None:

@@ -92,7 +92,7 @@ class Duration:
         self,
         process: Process,
         name: str,
-        content: Mapping[str, Any] | None = None,
+        content: Mapping[str, object] | None = None,
         *,
         event_name: str | None = None,
         attributes: dict[str, Any] | None = None,
@@ -117,6 +117,7 @@ class Duration:
             # numbers. Anything else (or a user's odd mapping) is converted whole by to_attributes.
             plain: dict[str, Any] | None = {} if type(content) is dict and len(content) <= MAX_KEYS else None
             if plain is not None:
+                value: Any  # anything the user logged; the checks below pick the plain numbers
                 for key, value in content.items():
                     name = _PLAIN_KEYS.get(key) if type(key) is str else None  # type: ignore[assignment]  # the parameter, already kept in self.name, reused for the key's attribute name (None: not a cached key)
                     kind = type(value)
@@ -307,7 +308,7 @@ class Duration:
 
     # -- outcome ------------------------------------------------------------
     @contained(default=None)
-    def extra_args(self, **content: Any) -> Duration:
+    def extra_args(self, **content: object) -> Duration:
         """Add content (attributes) before or during the span (a one-element device tensor: read once computed)."""
         late: list[tuple[str, Any]] = []
         attributes = to_attributes(content, late=late)
@@ -322,7 +323,7 @@ class Duration:
         return self
 
     @contained(default=None)
-    def success(self, **content: Any) -> None:
+    def success(self, **content: object) -> None:
         """End with status OK and the given content."""
         if self._span is None:
             self.begin()
@@ -333,7 +334,7 @@ class Duration:
         self.end()
 
     @contained(default=None)
-    def fail(self, error: BaseException | str | None = None, **content: Any) -> None:
+    def fail(self, error: BaseException | str | None = None, **content: object) -> None:
         """End with status ERROR; an exception is recorded with its stack."""
         if self._span is None:
             self.begin()
@@ -346,7 +347,7 @@ class Duration:
     #: The class of ``stage()``'s Durations: None for this one's own class.
     _STAGE_CLASS: type[Duration] | None = None
 
-    def stage(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+    def stage(self, name: str, content: Mapping[str, object] | None = None) -> Duration:
         """A child Duration ``<span name>.<stage>``, for the phases of a long event."""
         return (self._STAGE_CLASS or type(self))(self._process, f"{self.name}.{name}", content, event_name=name)
 

@@ -63,7 +63,7 @@ class Process:
             attributes[sc.VALUES_PENDING] = len(late) - len(described)
         span.add_event(text(event_name), attributes, timestamp)
 
-    def instant(self, name: str, content: Mapping[str, Any] | None = None) -> None:
+    def instant(self, name: str, content: Mapping[str, object] | None = None) -> None:
         """A point-in-time event named ``name``."""
         late: list[tuple[str, Any]] = []
         attributes = to_attributes(content, late=late)
@@ -74,22 +74,22 @@ class Process:
         shim's, as DLRover's content becomes attributes); ``instant`` converts a content mapping itself."""
         self._event(name, name, attributes)
 
-    def duration(self, name: str, content: Mapping[str, Any] | None = None) -> Duration:
+    def duration(self, name: str, content: Mapping[str, object] | None = None) -> Duration:
         """A Duration whose span is named ``name``; begin it with ``with`` or ``begin()``."""
         return Duration(self, name, readable(content))
 
-    def custom_duration(self, duration_class: type[D], name: str, content: Mapping[str, Any] | None = None) -> D:
+    def custom_duration(self, duration_class: type[D], name: str, content: Mapping[str, object] | None = None) -> D:
         """A Duration of your subclass (to add methods for the stages of your event)."""
         return duration_class(self, name, readable(content))
 
-    def info(self, msg: str, **content: Any) -> None:
+    def info(self, msg: str, **content: object) -> None:
         """A log-like event with a message, on the current span."""
         late: list[tuple[str, Any]] = []
         attributes = to_attributes(content, late=late)
         attributes[sc.LOG_MESSAGE] = text(msg)
         self._event(sc.EVENT_LOG_INFO, "#info", attributes, late)
 
-    def error(self, msg: str, **content: Any) -> None:
+    def error(self, msg: str, **content: object) -> None:
         """An error event with a message; does not change the span's status."""
         late: list[tuple[str, Any]] = []
         attributes = to_attributes(content, late=late)

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -23,6 +23,10 @@ from otel_training.assembly import configure as _pipeline
 from otel_training.events.values import PendingValues
 from otel_training.pipeline.record_tracer import RecordTracer
 from otel_training.pipeline.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from otel_training.events.device import DeviceTimeline
+    from otel_training.events.device_native import NativeDeviceTimeline
 
 #: Events per process-lifetime span before it continues in a new one (the SDK
 #: keeps 128 events per span and silently drops the rest).
@@ -92,7 +96,7 @@ class EventsRuntime:
         self._process_spans: dict[str, _ProcessSpan] = {}
         self._lock = threading.Lock()
         #: The device timeline (``events.device``): None until a device is in use, False when turned off.
-        self.device: Any = None
+        self.device: DeviceTimeline | NativeDeviceTimeline | Literal[False] | None = None
         #: When the next step may ask whether a device came into use (``device_probe.may_probe``).
         self.device_probe_at = 0.0
         #: Host work between steps open now (checkpoint, evaluation, set-up: ``HostWork``), and whether

@@ -107,7 +107,7 @@ class StepDuration(Duration):
             # parent; another implementation's recording span may not (read without raising into the step).
             if getattr(span, "parent", None) is not None:
                 rt.charge(trace_id_of(span.get_span_context()))  # type: ignore[union-attr]  # not None: a step was begun, so the try above set rt
-            timeline.started(step, span)  # type: ignore[union-attr]  # not None: a step was begun, so the try above set timeline
+            timeline.started(step, span)  # type: ignore[union-attr, arg-type]  # set: a step was begun; its step is the same timeline's
             self.device_step = (timeline, step)
         return self
 

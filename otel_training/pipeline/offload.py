@@ -26,9 +26,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from operator import methodcaller
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.trace import SpanProcessor
@@ -51,6 +50,9 @@ from otel_training.pipeline.record_tracer import RecordTracerProvider, processor
 from otel_training.pipeline.records import CLOSE, FLUSH, VALUES, encode
 from otel_training.pipeline.responder import Responder, cuda_uuid
 from otel_training.pipeline.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from otel_training.processors.stuck import StuckSpanProcessor
 
 logger = logging.getLogger("otel_training")
 #: The directory ``otel-training run`` puts first on PYTHONPATH: the drain must not instrument itself.
@@ -105,12 +107,12 @@ class OffloadTelemetry(Telemetry):
         self.tracer = self.tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__, schema_url=sc.SCHEMA_URL)
         #: The stuck thresholds the options set, for the device timeline's time between steps (the detector
         #: itself runs in the drain; adaptive thresholds are learned there, so here they stay at their start).
-        self._stuck_thresholds: Any = None
+        self._stuck_thresholds: StuckSpanProcessor | None = None
         if options["stuck_threshold_s"] is not None or options["stuck_adaptive"]:
             from otel_training.processors.stuck import StuckSpanProcessor
 
             self._stuck_thresholds = StuckSpanProcessor.from_options(options, watcher=False, stacks=False)
-        reset_in_child(self, methodcaller("_forget_in_child"))
+        reset_in_child(self, OffloadTelemetry._forget_in_child)
 
     def stuck_threshold_s(self, span_name: str) -> float | None:
         """The thresholds the options set (the detector runs in the drain; adaptive ones are learned there, so
@@ -278,7 +280,7 @@ class OffloadTelemetry(Telemetry):
         return ring is not None and self._wait(lambda: ring.get(DRAIN_FIELDS["pid"]) != 0,
                                                time.monotonic() + timeout_s)
 
-    def _wait(self, condition: Any, deadline: float) -> bool:
+    def _wait(self, condition: Callable[[], bool], deadline: float) -> bool:
         while not condition():
             if time.monotonic() >= deadline or not self._drain_alive():
                 return bool(condition())

@@ -33,7 +33,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from operator import methodcaller
 from typing import Any
 
 from opentelemetry import metrics as metrics_api
@@ -132,7 +131,7 @@ class StuckSpanProcessor(WatchingSpanProcessor):
         self._clock = clock
         self._use_watcher = watcher
         self._reset_runtime_state()
-        reset_in_child(self, methodcaller("_after_fork_in_child"))
+        reset_in_child(self, StuckSpanProcessor._after_fork_in_child)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **kwargs: Any) -> StuckSpanProcessor:

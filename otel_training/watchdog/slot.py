@@ -25,7 +25,6 @@ import struct
 import subprocess
 import time
 from collections.abc import Mapping
-from operator import methodcaller
 from pathlib import Path
 
 from opentelemetry import trace as trace_api
@@ -97,7 +96,7 @@ class SlotWriter:
         self._span_id = 0
         #: The watchdog process reading this slot, when ``watchdog.start`` made it.
         self.process: subprocess.Popen[bytes] | None = None
-        reset_in_child(self, methodcaller("_detach_after_fork"))
+        reset_in_child(self, SlotWriter._detach_after_fork)
 
     def _detach_after_fork(self) -> None:
         # A forked child (a DataLoader worker) must not write the parent's slot,

@@ -278,7 +278,7 @@ def _native_gate(core: Any = _ASK) -> Callable[..., Any] | None:
 _StandIn = tuple[Callable[..., Any], Callable[[], None]]
 
 
-def _fetch_wrapper(tracker: Any, wrapped: Callable[..., Any], gate: Callable[..., Any] | None = None) -> _StandIn:
+def _fetch_wrapper(tracker: StepTracker, wrapped: Callable[..., Any], gate: Callable[..., Any] | None = None) -> _StandIn:
     """Stands in for ``_BaseDataLoaderIter.__next__``, gated itself: each fetch of a training loop passes here
     (in C with ``gate``). A function, so as a class attribute it binds as the method did."""
     if gate is not None:
@@ -302,7 +302,7 @@ def _fetch_wrapper(tracker: Any, wrapped: Callable[..., Any], gate: Callable[...
     return fetch, lambda: closed.append(True)
 
 
-def _backward_wrapper(tracker: Any, wrapped: Callable[..., Any], gate: Callable[..., Any] | None = None) -> _StandIn:
+def _backward_wrapper(tracker: StepTracker, wrapped: Callable[..., Any], gate: Callable[..., Any] | None = None) -> _StandIn:
     """Stands in for ``torch.autograd.backward``, gated itself: each backward pass passes here (in C with
     ``gate``)."""
     if gate is not None:
@@ -322,7 +322,7 @@ def _backward_wrapper(tracker: Any, wrapped: Callable[..., Any], gate: Callable[
     return backward, lambda: closed.append(True)
 
 
-def _scaler_wrapper(tracker: Any) -> Callable[..., Any]:
+def _scaler_wrapper(tracker: StepTracker) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         before = tracker.optimizer_calls
         result = wrapped(*args, **kwargs)

@@ -1,28 +1,21 @@
 """One ``training.step`` span per training iteration of an unmodified PyTorch loop.
 
-``optimizer.step()`` is a few milliseconds of a step that is mostly data fetch,
-forward and backward, so the span cannot be the optimizer call. It opens when
-the iteration begins (the first ``DataLoader`` fetch, forward pass of a module
-in training mode, or backward pass after the previous step ended) and closes
-at the iteration's last optimizer step, seen through torch's global optimizer
-hooks, which every optimizer subclass calls.
+``optimizer.step()`` is a few milliseconds of a step that is mostly data fetch, forward and backward, so the span
+cannot be the optimizer call. It opens when the iteration begins (the first ``DataLoader`` fetch, forward pass of a
+module in training mode, or backward pass after the previous step ended) and closes at the iteration's last
+optimizer step, seen through torch's global optimizer hooks, which every optimizer subclass calls.
 
-Gradient accumulation (backward passes counted, ``training.substep`` children
-from two on), several optimizers stepping in one iteration (the step closes at
-the last one seen in a complete iteration) and AMP's ``GradScaler`` skipping
-``optimizer.step()`` (``training.step.skipped``) are handled as
-docs/auto-instrumentation.md describes.
+Gradient accumulation (backward passes counted, ``training.substep`` children from two on), several optimizers
+stepping in one iteration (the step closes at the last one seen in a complete iteration) and AMP's ``GradScaler``
+skipping ``optimizer.step()`` (``training.step.skipped``) are handled as docs/auto-instrumentation.md describes.
 
-The step span is begun detached: it nests under the user's current span (epoch,
-train) and the data-wait spans nest under it, but it never becomes the current
-span of the user's code, so a step closed at an odd moment cannot leave the
-user's context in a wrong state. Work nested in it (a checkpoint, a collective)
-runs in a private copy of the context where the step is current (``nested_work.py``), made the first
-time a step needs one.
+The step span is begun detached: it nests under the user's current span (epoch, train) and the data-wait spans nest
+under it, but it never becomes the current span of the user's code, so a step closed at an odd moment cannot leave
+the user's context in a wrong state. Work nested in it (a checkpoint, a collective) runs in a private copy of the
+context where the step is current (``nested_work.py``), made the first time a step needs one.
 
-Only one thread drives steps: the first thread that begins one. Every entry
-point here is contained: an internal error is logged once, never raised into
-the training loop.
+Only one thread drives steps: the first thread that begins one. Every entry point here is contained: an internal
+error is logged once, never raised into the training loop.
 
 A tracker given a ``claim`` callable starts *dormant* (``dormancy.py``).
 """
@@ -32,7 +25,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry.trace import TracerProvider
@@ -48,6 +41,12 @@ from otel_training.integrations.torch.dormancy import Claim, Dormancy
 from otel_training.integrations.torch.loader_length import LoaderLengths
 from otel_training.integrations.torch.loop_spans import LoopSpans
 from otel_training.integrations.torch.nested_work import NestedWork
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from otel_training.integrations.torch.collectives import CollectiveTracker
+    from otel_training.pipeline.telemetry import Telemetry
 
 SOURCE = "torch"
 #: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
@@ -78,8 +77,8 @@ class StepTracker(Dormancy, NestedWork):
         self._ctx: contextvars.Context | None = None
         self._expected: frozenset[int] | None = None
         self._just_closed = False
-        self._forward_handle: Any = None
-        self._telemetry: Any = None
+        self._forward_handle: RemovableHandle | None = None
+        self._telemetry: Telemetry | None = None
         #: The steps' runtime, looked up once, not every step, until its pipeline closes (``_pipeline_closing``).
         self._rt: EventsRuntime | None = None
         self._awaiting_input = False
@@ -95,7 +94,7 @@ class StepTracker(Dormancy, NestedWork):
         self._step_key = sc.STEP
         self._grad_enabled = grad_enabled
         #: The process groups' collectives (``collectives.CollectiveTracker``), once a group exists.
-        self.collectives: Any = None
+        self.collectives: CollectiveTracker | None = None
         #: The run's own training.train, epoch and evaluation spans, which the steps nest in (``loop_spans.py``).
         self.loop = LoopSpans(self.trainer)
         self._reset()
