@@ -35,15 +35,15 @@ from otel_training._ids import PrivateIdGenerator
 from otel_training._version import __version__
 from otel_training.analysis.records import creation_time_ns
 from otel_training.config.resource import build_resource
-from otel_training.exporters.guarded import GuardedSpanExporter
 from otel_training.exporters.otlp_json import metrics_file, trace_file
 from otel_training.exporters.spool import Spool, spool_file
 from otel_training.pipeline.deadlines import FlushResult, millis, run_with_deadline
 from otel_training.pipeline.device_records import DeviceRecorder
+from otel_training.pipeline.exit_budget import ExitBudget
 from otel_training.pipeline.exporters import metric_exporter, span_exporter
 from otel_training.pipeline.outputs import check_output_dir, default_exporter
+from otel_training.pipeline.span_chain import SpanChain
 from otel_training.pipeline.span_counters import register_span_counters
-from otel_training.processors.batch import CountingBatchSpanProcessor
 from otel_training.processors.late_values import LateValuesSpanProcessor
 from otel_training.processors.lineage import LineageSpanProcessor
 from otel_training.processors.watching import WatchingSpanProcessor
@@ -100,9 +100,8 @@ class Telemetry:
         #: Wall-clock ns at which this process was created (the resource's ``process.creation.time``,
         #: from the OS; else now): where this life's time starts, live as in the report.
         self.process_start_ns: int = creation_time_ns(self.resource.attributes) or time.time_ns()
-        # The way out gets ``exit_timeout_s`` once, however many steps it takes (see ``exit_budget_s``).
-        self._exit_spent_s = 0.0
-        self._exit_flush_started: float | None = None
+        #: The way out gets ``exit_timeout_s`` once, however many steps it takes (``exit_budget.py``).
+        self._exit = ExitBudget(float(self.options["exit_timeout_s"]))
         self._metric_exporter: MetricExporter | None = None
 
         # A stand-in for a failed configuration reads none of the environment that failed
@@ -125,23 +124,16 @@ class Telemetry:
         self.tracer_provider.add_span_processor(self.lineage)
 
         span_exporter = None if self.disabled else self._make_span_exporter(environ)
-        self._guard: GuardedSpanExporter | None = None
-        self._batch: CountingBatchSpanProcessor | None = None
-        self.late_values: LateValuesSpanProcessor | None = None
+        #: Where the spans leave, and its counts (``span_chain.py``); None: nothing exported here.
+        self._chain: SpanChain | None = None
         if span_exporter is not None:
             spool = None
             if self.options["spool_dir"] and self.exporter_name == "otlp":
                 check_output_dir(self.options["spool_dir"], "spool_dir", "spool")
                 self.spool_path = spool_file(self.options["spool_dir"], self.rank)
                 spool = Spool(self.spool_path, self.options["spool_max_mb"] * 2**20)
-            self._guard = GuardedSpanExporter(span_exporter, spool=spool)
-            self._batch = CountingBatchSpanProcessor(
-                self._guard, policy=self.options["span_queue_policy"],
-                max_wait_s=self.options["span_queue_max_wait_s"], exporter_progressing=self._guard.progressing)
-            # In front of the exporting processor only: a span waiting for values read after it ended is held
-            # for export, not for the stuck detector, goodput or the user's processors (late_values.py).
-            self.late_values = LateValuesSpanProcessor(self._batch, hold_s=float(self.options["values_hold_s"]))
-            self.tracer_provider.add_span_processor(self.late_values)
+            self._chain = SpanChain(span_exporter, self.options, spool)
+            self.tracer_provider.add_span_processor(self._chain.late_values)
 
         readers = []
         if self.options["metrics"] and not self.disabled:
@@ -225,17 +217,22 @@ class Telemetry:
         pipeline's, with the C core. None here: the device timeline's Python resolver makes the device spans."""
         return None
 
+    @property
+    def late_values(self) -> LateValuesSpanProcessor | None:
+        """The processor holding ended spans for their late values, in front of the export (None: no export)."""
+        return self._chain.late_values if self._chain is not None else None
+
     def deliver_values(self, span_id: int, target: int, values: dict[str, Any]) -> None:
         """Values of an ended span, read since (``events/values.py``): to the span held for export
         (``target``: -1 its attributes, else its event's timestamp). The offloaded pipeline sends them to its
         drain."""
-        if self.late_values is not None:
-            self.late_values.resolve(span_id, target, values)
+        if self._chain is not None:
+            self._chain.late_values.resolve(span_id, target, values)
 
     def values_tick(self) -> None:
         """Pass on the spans held for values past ``values_hold_s`` (the drain calls it as it goes)."""
-        if self.late_values is not None:
-            self.late_values.tick()
+        if self._chain is not None:
+            self._chain.late_values.tick()
 
     def before_flush(self, callback: Callable[[float], None]) -> None:
         """Run ``callback(seconds)`` at the start of every flush, with a quarter of its budget: what still feeds
@@ -249,31 +246,18 @@ class Telemetry:
     # -- accounting ---------------------------------------------------------
     def counts(self) -> tuple[int, int, int]:
         """(exported, dropped, pending) right now: what a flush reports, and what the drain publishes to the ring."""
-        if self._batch is None or self._guard is None:
-            return 0, 0, 0
-        exported = self._guard.exported
-        settled = exported + self._guard.spooled  # delivered, or kept in the spool: not lost
-        queued = self._batch.queued()
-        if queued is None:
-            # An SDK that hides its queue: what is not delivered yet counts as pending until
-            # shutdown, which then counts it as lost (tests/test_sdk_compat.py fails first).
-            return exported, 0, max(0, self._batch.accepted - settled) + (
-                self.late_values.held if self.late_values is not None else 0)
-        held = self.late_values.held if self.late_values is not None else 0  # waiting for their values
-        pending = queued + self._guard.in_flight + held
-        dropped = max(0, self._batch.accepted - settled - pending)
-        return exported, dropped, pending
+        return self._chain.counts() if self._chain is not None else (0, 0, 0)
 
     def _observe_dropped(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(self.counts()[1])]
 
     def _observe_queue_wait(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(self._batch.waited_s if self._batch is not None else 0.0)]
+        return [Observation(self._chain.queue_wait_s if self._chain is not None else 0.0)]
 
     @property
     def spans_spooled(self) -> int:
         """Spans the collector could not take, written to the spool (``spool_dir``) instead."""
-        return self._guard.spooled if self._guard is not None else 0
+        return self._chain.spooled if self._chain is not None else 0
 
     def _observe_spooled(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(self.spans_spooled)]
@@ -330,9 +314,8 @@ class Telemetry:
             completed = run_with_deadline(
                 lambda: self.tracer_provider.force_flush(millis(flush_s)), flush_s, "flush-traces"
             )
-            if self._guard is not None:
-                # Interrupts the OTLP exporter's retry back-off and refuses later batches.
-                self._guard.close()
+            if self._chain is not None:
+                self._chain.close()  # the exporter's retry back-off interrupted, later batches refused
             run_with_deadline(self.tracer_provider.shutdown, 0.5 * (deadline - time.monotonic()), "shutdown-traces")
             if not run_with_deadline(
                 self.meter_provider.shutdown, deadline - time.monotonic(), "shutdown-metrics"
@@ -362,30 +345,12 @@ class Telemetry:
             self._shutdown_lock.release()
 
     def exit_budget_s(self) -> float:
-        """What is left of ``exit_timeout_s`` for the way out.
-
-        An uncaught exception is flushed by the exception hook and then again by the
-        exit-time shutdown (and a signal may come in between): each taking the whole
-        budget made the exit take a multiple of it against a collector that never
-        answers. The time the exit flushes have spent is charged here instead of
-        the time since they began, so a process that goes on after its main thread
-        died (non-daemon threads) still has its budget for the final shutdown.
-        """
-        spent = self._exit_spent_s
-        started = self._exit_flush_started
-        if started is not None:
-            spent += time.monotonic() - started
-        exit_timeout_s: float = self.options["exit_timeout_s"]
-        return max(0.0, exit_timeout_s - spent)
+        """What is left of ``exit_timeout_s`` for the way out (the exit flushes share it: ``exit_budget.py``)."""
+        return self._exit.left_s()
 
     def exit_flush(self) -> FlushResult:
         """``force_flush`` on the way out: within, and charged to, ``exit_budget_s``."""
-        self._exit_flush_started = time.monotonic()
-        try:
-            return self.force_flush(self.exit_budget_s())
-        finally:
-            self._exit_spent_s += time.monotonic() - self._exit_flush_started
-            self._exit_flush_started = None
+        return self._exit.spend(self.force_flush)
 
     def _atexit(self) -> None:
         if not self.is_shut_down:
