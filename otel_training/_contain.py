@@ -50,7 +50,8 @@ class contain:
         return None
 
     ``BaseException`` (KeyboardInterrupt, SystemExit) passes through: stopping the job is the user's call. An
-    instance holds no state between uses, so a hot path may keep one in a module constant.
+    instance holds no state between uses: a module constant serves every call, and a per-step site calls its
+    ``failed()`` from an inline handler instead.
     """
 
     __slots__ = ("key", "message", "args", "exc_info")
@@ -68,8 +69,13 @@ class contain:
                  traceback: TracebackType | None) -> bool:
         if kind is None or not issubclass(kind, Exception):
             return False
-        log_once(self.key, self.message, *self.args, exc_info=self.exc_info)
+        self.failed()
         return True
+
+    def failed(self) -> None:
+        """Log the exception being handled, once: for a site that runs every step and so keeps its own inline
+        ``try`` (free when nothing raises; a ``with`` block costs two calls), with its key and message here."""
+        log_once(self.key, self.message, *self.args, exc_info=self.exc_info)
 
 
 def call_contained(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -293,10 +293,10 @@ def span_fields(span: ReadableSpan) -> tuple[Any, ...]:
     """(context, parent, name, kind, start, end, attributes, events, links, status, and the three
     dropped counts) of a finished span, as cheaply as this SDK allows."""
     if READS_SDK_FIELDS and type(span) is ReadableSpan:
-        attributes, events, links = span._attributes, span._events, span._links  # noqa: SLF001 - the SDK's fields: its properties copy them under a lock
+        attributes, events, links, status = span._attributes, span._events, span._links, span._status  # noqa: SLF001 - the SDK's fields: its properties copy them under a lock
         # What the dropped_* properties compute, without three more calls.
         return (span._context, span._parent, span._name, span._kind, span._start_time, span._end_time,  # noqa: SLF001 - the SDK's fields, one property call each saved
-                attributes, events, links, span._status,  # noqa: SLF001 - the SDK's field behind .status
+                attributes, events, links, status,
                 attributes.dropped if type(attributes) is BoundedAttributes else span.dropped_attributes,
                 events.dropped if type(events) is BoundedList else span.dropped_events,
                 links.dropped if type(links) is BoundedList else span.dropped_links)

@@ -47,3 +47,15 @@ def test_a_block_that_succeeds_logs_nothing(caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.WARNING, logger="otel_training"), contain("test-contain:fine", "otel_training: no"):
         value = 1
     assert value == 1 and not caplog.records
+
+
+def test_failed_logs_the_exception_being_handled_for_an_inline_handler(caplog: pytest.LogCaptureFixture) -> None:
+    guard = contain("test-contain:inline", "otel_training: inline %s", "site")
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        for _ in range(2):
+            try:
+                raise OSError("disk")
+            except OSError:
+                guard.failed()
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("otel_training: inline site")]
+    assert record.exc_info is not None and record.exc_info[0] is OSError

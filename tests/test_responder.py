@@ -31,7 +31,7 @@ def _answering_pair() -> tuple[Requests, Responder, list[bytes]]:
         requests.deliver(record[1], record[2], record[3])
         return True
 
-    return requests, Responder(asked, write, exit=lambda code: None), written
+    return requests, Responder(asked, write, exit_process=lambda code: None), written
 
 
 def test_the_responder_answers_with_every_threads_stack_the_stuck_one_first() -> None:

@@ -195,7 +195,7 @@ def _guard_graph_capture(cuda: Any) -> None:
     accelerator = sys.modules.get("torch.accelerator")
     classes.append(getattr(accelerator, "Graph", None))
     for graph in classes:
-        if graph is not None and not graph.__dict__.get("_otel_training_guarded", False):
+        if graph is not None and graph not in _GUARDED:
             _guard(graph)
 
 
@@ -231,7 +231,11 @@ def _guard(graph: type) -> None:
         original = getattr(graph, name, None)
         if original is not None:
             setattr(graph, name, wrap(original))
-    graph._otel_training_guarded = True  # type: ignore[attr-defined]  # a flag of ours on torch's graph class  # noqa: SLF001 - our own flag, not torch's: _guard_graph_capture reads it
+    _GUARDED.add(graph)
+
+
+#: The graph classes guarded already (each class once, a subclass on its own: its methods may be its own).
+_GUARDED: set[type] = set()
 
 
 _CAPTURING: set[int] = set()

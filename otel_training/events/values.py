@@ -159,8 +159,10 @@ class PendingValues:
                 reader = self._get_reader()
             handle = None
             if reader is not None and len(self.items) + len(started) < MAX_PENDING:
-                with _START_FAILED:  # a value we cannot read is described, never raised
+                try:
                     handle = reader.start(value)
+                except Exception:  # noqa: BLE001 - per logged value, inline: described, never raised
+                    _START_FAILED.failed()
             if handle is None:
                 self.described += 1
                 described[key] = device_description(value)
@@ -281,5 +283,7 @@ class PendingValues:
         if item.target == SPAN and not item.ended and item.span.is_recording():
             item.span.set_attribute(item.key, value)
             return
-        with _DELIVER_LATE_FAILED:  # poll() runs on the training thread: a failing deliver is logged, not raised
+        try:
             self._deliver(item.span_id, item.target, {item.key: value})
+        except Exception:  # noqa: BLE001 - poll(), on the training thread, per value: logged, not raised
+            _DELIVER_LATE_FAILED.failed()

@@ -63,15 +63,15 @@ _WRITE_WAIT_S = 1.0
 class Responder:
     """The training process's side: one daemon thread, blocked on ``fd`` until the drain asks.
 
-    ``write(payload, begin, deadline)``: the ring's writer. ``exit(code)``: this process's stuck exit (end
-    the open spans, flush, ``os._exit``).
+    ``write(payload, begin, deadline)``: the ring's writer. ``exit_process(code)``: this process's stuck exit
+    (end the open spans, flush, ``os._exit``).
     """
 
     def __init__(self, fd: int, write: Callable[[bytes, bool | None, float], bool],
-                 exit: Callable[[int], None]) -> None:  # noqa: A002 - the responder's verbs: write and exit
+                 exit_process: Callable[[int], None]) -> None:
         self._fd = fd
         self._write = write
-        self._exit = exit
+        self._exit = exit_process
         self.thread = threading.Thread(target=self._answer, name="otel-training-responder", daemon=True)
         self.thread.start()
 

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
 from otel_training import semconv as sc
 from otel_training._fork import reset_in_child
 from otel_training._stacks import thread_stacks
-from otel_training.processors.stuck_actions import Slot, StuckActions, guarded, log_internal
+from otel_training.processors.stuck_actions import Slot, StuckActions, guarded, internal_error, log_internal
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
 from otel_training.processors.stuck_options import OPTION_FIELDS, StuckOptions, check_seconds, options_with_legacy
 from otel_training.processors.stuck_rules import (
@@ -336,10 +336,8 @@ class StuckSpanProcessor(WatchingSpanProcessor):
 
     def _call_back(self, event: StuckEvent) -> None:
         for callback in self._callbacks:
-            try:
-                callback(event)
-            except Exception:  # noqa: BLE001 - a user's callback must not stop detection
-                log_internal(f"on_stuck callback {getattr(callback, '__qualname__', callback)!r}")
+            with internal_error(f"on_stuck callback {getattr(callback, '__qualname__', type(callback).__qualname__)!r}"):
+                callback(event)  # a user's callback must not stop detection
 
     # -- lifecycle ----------------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 
-from otel_training._contain import log_once
+from otel_training._contain import contain
 from otel_training.processors.stuck_options import signal_of
 
 if TYPE_CHECKING:
@@ -28,14 +28,19 @@ logger = logging.getLogger("otel_training")
 
 def guarded(function: Callable[..., Any], *args: Any) -> None:
     """Run ``function``; an error is logged once and goes no further (the watcher must keep watching)."""
-    try:
+    with internal_error(function.__name__):  # the watcher must keep watching
         function(*args)
-    except Exception:  # noqa: BLE001 - logged once: the watcher must keep watching
-        log_internal(function.__name__)
+
+
+def internal_error(where: str) -> contain:
+    """The stuck detector's containment at ``where``: logged once, training continues."""
+    return contain(f"stuck:{where}", "otel_training: internal error in the stuck detector (%s); training continues",
+                   where)
 
 
 def log_internal(where: str) -> None:
-    log_once(f"stuck:{where}", "otel_training: internal error in the stuck detector (%s); training continues", where)
+    """``internal_error(where)`` from an inline handler (``on_start``/``on_end``, per span: a ``try`` is free)."""
+    internal_error(where).failed()
 
 
 class RemoteStacks(NamedTuple):

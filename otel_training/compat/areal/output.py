@@ -20,7 +20,7 @@ from otel_training.compat.areal.config import _setting
 def _user() -> str:
     try:
         return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in a container: AReaL would raise here
+    except (KeyError, OSError, ImportError):  # no passwd entry in a container (AReaL would raise here), no pwd
         return str(os.getuid()) if hasattr(os, "getuid") else "user"
 
 
