@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import math
+import os
 import signal
 import warnings
 
@@ -131,3 +134,34 @@ def test_from_options_builds_the_policy_from_the_config_and_the_fields_given() -
 
 def test_it_is_a_public_name() -> None:
     assert otel_training.StuckOptions is StuckOptions and "StuckOptions" in otel_training.__all__
+
+
+# -- a user's callables without a name (the review of the options change found these) ----------------------------
+def _stuck_once(options: StuckOptions) -> None:
+    now = [1000.0]
+    processor = StuckSpanProcessor(10, [sc.SPAN_STEP], dataclasses.replace(options, first_threshold_s=10, stacks=False),
+                                   clock=lambda: now[0], watcher=False, meter_provider=MeterProvider())
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    provider.get_tracer("t").start_span(sc.SPAN_STEP)
+    now[0] += 10
+    processor.tick()
+
+
+def test_the_exit_action_runs_a_before_exit_without_a_name_and_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    exited: list[int] = []
+    ran: list[int] = []
+    monkeypatch.setattr(os, "_exit", exited.append)
+    _stuck_once(StuckOptions(action="exit", before_exit=functools.partial(ran.append, 1),
+                             flush=lambda timeout_s: None, exit_flush_timeout_s=0.1))
+    assert ran == [1] and exited == [75]
+
+
+def test_two_failing_partial_callbacks_are_each_logged(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(which: str, event: object) -> None:
+        raise RuntimeError(which)
+
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        _stuck_once(StuckOptions(on_stuck=[functools.partial(broken, "a"), functools.partial(broken, "b")]))
+    logged = [r.getMessage() for r in caplog.records if "on_stuck callback" in r.getMessage()]
+    assert len(logged) == 2 and "'a'" in logged[0] and "'b'" in logged[1]

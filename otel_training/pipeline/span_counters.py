@@ -1,7 +1,7 @@
 """The pipeline's own account of its spans, as metrics: dropped, waited for, spooled.
 
 Observable counters, read when the metric reader collects: the values are the pipeline's running totals
-(``Telemetry._counts``; offloaded, the drain's counts in the ring), so nothing is done per span to keep them.
+(``Telemetry.counts()``; offloaded, the drain's counts in the ring), so nothing is done per span to keep them.
 """
 
 from __future__ import annotations

@@ -43,7 +43,14 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
 from otel_training import semconv as sc
 from otel_training._fork import reset_in_child
 from otel_training._stacks import thread_stacks
-from otel_training.processors.stuck_actions import Slot, StuckActions, guarded, internal_error, log_internal
+from otel_training.processors.stuck_actions import (
+    Slot,
+    StuckActions,
+    callable_name,
+    guarded,
+    internal_error,
+    log_internal,
+)
 from otel_training.processors.stuck_alerts import AlertSink, StuckEvent
 from otel_training.processors.stuck_options import OPTION_FIELDS, StuckOptions, check_seconds, options_with_legacy
 from otel_training.processors.stuck_rules import (
@@ -336,7 +343,7 @@ class StuckSpanProcessor(WatchingSpanProcessor):
 
     def _call_back(self, event: StuckEvent) -> None:
         for callback in self._callbacks:
-            with internal_error(f"on_stuck callback {getattr(callback, '__qualname__', type(callback).__qualname__)!r}"):
+            with internal_error(f"on_stuck callback {callable_name(callback)!r}"):
                 callback(event)  # a user's callback must not stop detection
 
     # -- lifecycle ----------------------------------------------------------

@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 
 from otel_training._contain import contain
+from otel_training._text import text
 from otel_training.processors.stuck_options import signal_of
 
 if TYPE_CHECKING:
@@ -27,9 +28,19 @@ logger = logging.getLogger("otel_training")
 
 
 def guarded(function: Callable[..., Any], *args: Any) -> None:
-    """Run ``function``; an error is logged once and goes no further (the watcher must keep watching)."""
-    with internal_error(function.__name__):  # the watcher must keep watching
+    """Run ``function``; an error is logged once and goes no further (the watcher must keep watching).
+
+    ``function`` may be the user's (``before_exit``): a ``functools.partial`` or a callable object has no
+    ``__name__``, and naming it must not stop the call (nor the exit action after it)."""
+    with internal_error(callable_name(function, "__name__")):
         function(*args)
+
+
+def callable_name(function: object, attribute: str = "__qualname__") -> str:
+    """What a log line calls ``function``: its ``__qualname__`` (or ``attribute``), else its text, which tells two
+    partials apart (never raises: ``_text.text``)."""
+    name = getattr(function, attribute, None)
+    return name if isinstance(name, str) else text(function)
 
 
 def internal_error(where: str) -> contain:
