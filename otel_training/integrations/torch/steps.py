@@ -31,7 +31,7 @@ import torch
 from opentelemetry.trace import TracerProvider
 
 from otel_training import semconv as sc
-from otel_training._contain import contained, log_once
+from otel_training._contain import contain, contained
 from otel_training._sdk_compat import instrumentation_check
 from otel_training.events.past_spans import record_span
 from otel_training.events.predefined import TrainerProcess
@@ -49,9 +49,8 @@ if TYPE_CHECKING:
     from otel_training.pipeline.telemetry import Telemetry
 
 SOURCE = "torch"
-#: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s``
-#: but get no span of their own: a prefetching DataLoader answers in microseconds,
-#: and a span per fetch would cost more than the wait.
+#: Waits for a batch shorter than this add to the step's ``training.step.data_wait_s`` but get no span of their own:
+#: a prefetching DataLoader answers in microseconds, and a span per fetch would cost more than the wait.
 DATA_WAIT_SPAN_MIN_NS = 1_000_000
 
 #: Whether the current context allows recording (not inside ``suppress_instrumentation()``).
@@ -122,10 +121,14 @@ class StepTracker(Dormancy, NestedWork):
             self._owner = ident
         return ident == self._owner
 
+    def _contained(self, hook: str) -> contain:
+        """A hook's containment: its internal error is logged once, never raised into the loop."""
+        return contain(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
+                       f"StepTracker.{hook}")
+
     def _failed(self, hook: str) -> None:
-        """A hook's internal error, logged once (contained inline: a wrapper would be a frame more, six a step)."""
-        log_once(f"{__name__}.StepTracker.{hook}", "otel_training: internal error in %s; training continues",
-                 f"StepTracker.{hook}")
+        """``_contained(hook)`` from the hooks' inline handlers (a wrapper would be a frame more, six a step)."""
+        self._contained(hook).failed()
 
     # -- opening and closing ----------------------------------------------
     def _open(self, awaiting_input: bool = False, rt: EventsRuntime | None = None) -> None:
@@ -167,11 +170,9 @@ class StepTracker(Dormancy, NestedWork):
         return rt
 
     def close(self) -> None:
-        """End the open step (also called on shutdown and uninstrument)."""
-        try:
+        """End the open step (on shutdown, uninstrument and suspend: not a step's own end, ``_close``)."""
+        with self._contained("close"):
             self._close()
-        except Exception:  # noqa: BLE001 - a step's end at shutdown or uninstrument: _failed logs it, never raised into the loop
-            self._failed("close")
 
     def _close(self) -> None:
         step = self._step
