@@ -49,6 +49,10 @@ class GuardedSpanExporter(SpanExporter):
         self._clock = clock
         self._export_started: float | None = None
         self._last_failed = False
+        #: ``export``'s containment, made once: its key and message depend only on the exporter, and it runs for
+        #: every batch.
+        self._export_failed = contain(f"export:{type(exporter).__name__}", "otel_training: span exporter %s raised",
+                                      type(exporter).__name__)
 
     def progressing(self) -> bool:
         """Whether waiting for this exporter is worth it: open, its last export delivered, and
@@ -70,8 +74,7 @@ class GuardedSpanExporter(SpanExporter):
             self.in_flight = count
             self._export_started = self._clock()
         result = SpanExportResult.FAILURE  # the exporter's failure is a failed batch (spooled or counted)
-        with contain(f"export:{type(self.exporter).__name__}", "otel_training: span exporter %s raised",
-                     type(self.exporter).__name__):
+        with self._export_failed:
             result = self.exporter.export(spans)
         with self._lock:
             self.in_flight = 0
