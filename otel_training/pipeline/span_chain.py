@@ -55,7 +55,7 @@ class SpanChain:
 
     @property
     def queue_wait_s(self) -> float:
-        """Seconds the training threads have waited for room in the queue (the ``block`` policies)."""
+        """Seconds the threads ending spans have waited for room in the queue (``span_queue_policy`` "wait")."""
         return self.batch.waited_s
 
     def close(self) -> None:
