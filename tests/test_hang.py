@@ -53,6 +53,29 @@ def test_a_two_rank_mismatch_blames_the_rank_ahead_in_steps():
     assert [c.rank for c in verdict(ranks).culprits] == [0]
 
 
+def test_an_op_nobody_named_matches_any_and_accuses_no_one():
+    # rank 0's view of #14 is from the step its exception ended (the sequence route names no op there),
+    # rank 2's from its stuck alert (named by the flight recorder): the same collective, not an unmatched one
+    ranks = [rank(0, 14, 13, "", 4), rank(1, 13, 13, died=True), rank(2, 14, 13, "allreduce", 4, stuck=True)]
+    result = verdict(ranks)
+    assert [(c.rank, c.reason) for c in result.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT)], result
+    assert (result.seq, result.op) == (14, "allreduce") and result.waiting == {0: (1,), 2: (1,)}
+    # two named ops that differ are still a mismatch, whatever the unnamed rank entered
+    ranks = [rank(0, 13, 12, "allgather", 4, stuck=True), rank(1, 13, 12, "allreduce", 5, stuck=True),
+             rank(2, 13, 12, "allgather", 4, stuck=True), rank(3, 13, 12, "", 4, stuck=True)]
+    assert [(c.rank, c.reason) for c in verdict(ranks).culprits] == [(1, sc.HANG_REASON_MISMATCH)]
+
+
+def test_with_no_op_named_the_rank_behind_is_still_the_culprit_and_the_text_says_collective():
+    ranks = [rank(0, 14, 13, "", stuck=True), rank(1, 13, 13, "", stuck=True), rank(2, 14, 13, "", stuck=True)]
+    result = verdict(ranks)
+    (culprit,) = result.culprits
+    assert (culprit.rank, culprit.reason, result.op) == (1, sc.HANG_REASON_NOT_ENTERED, "")
+    assert culprit.detail == "last entered ? #13, completed #13; has not entered collective #14 on group 0"
+    result = verdict([rank(0, 14, 13, "", stuck=True), rank(1, 14, 13, "", stuck=True)])
+    assert result.no_single_culprit and "every rank waits in a collective #14 on group 0" in result.summary
+
+
 def test_a_dead_rank_is_the_culprit_and_the_survivors_wait_on_it():
     ranks = [rank(0, 14, 13, stuck=True), rank(1, 13, 13, died=True), rank(2, 14, 13, stuck=True)]
     result = verdict(ranks)

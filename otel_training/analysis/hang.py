@@ -136,16 +136,18 @@ def _verdict(ranks: list[RankView]) -> Verdict:
         waiters = [rank for rank, v in at_top.items() if v.pending]
         if not waiters:
             continue
-        ops = Counter(v.op for v in at_top.values())
-        majority = _majority(ops, at_top)
+        # An op nobody named ("": the sequence route without the flight recorder, a step the way out ended)
+        # matches any: it is no evidence of an unmatched collective.
+        ops = Counter(v.op for v in at_top.values() if v.op)
+        majority = _majority(ops, at_top) if ops else ""
         if best is None or len(waiters) > best[0]:
             best = (len(waiters), group, top, majority)
         for rank, v in views.items():
             if v.entered < top:
                 culprits.append(Culprit(rank, sc.HANG_REASON_NOT_ENTERED, group, (
                     f"last entered {v.op or '?'} #{v.entered}{_at_step(v)}, completed #{v.completed}; has not entered "
-                    f"{majority} #{top} on group {group}")))
-            elif v.op != majority:
+                    f"{majority or 'collective'} #{top} on group {group}")))
+            elif v.op and v.op != majority:
                 others = sorted(r for r, o in at_top.items() if o.op == majority)
                 culprits.append(Culprit(rank, sc.HANG_REASON_MISMATCH, group, (
                     f"entered {v.op or '?'} #{top}{_at_step(v)} where rank(s) {_ranks(others)} entered {majority} "
@@ -158,7 +160,7 @@ def _verdict(ranks: list[RankView]) -> Verdict:
         summary = "; ".join(f"rank {c.rank} ({c.reason}: {c.detail})" for c in culprits)
         return Verdict(True, tuple(culprits), False, group, seq, op, waiting, f"culprit {summary}")
     if best is not None:
-        summary = (f"no single culprit: every rank waits in {op} #{seq} on group {group} "
+        summary = (f"no single culprit: every rank waits in {op or 'a collective'} #{seq} on group {group} "
                    "(the network or a switch, or a collective every rank entered)")
     else:
         summary = ("no single culprit: every rank is stuck outside collectives at the same point "

@@ -243,10 +243,10 @@ def _timeline(rank: _Rank) -> list[str]:
     lines = []
     view: GroupView | None  # each step's in the loop; then the rank's latest, if it has one
     for _end, step, _, view in sorted(rank.timeline):
-        lines.append(f"step {step}: last entered {view.op} #{view.entered}, completed #{view.completed}")
+        lines.append(f"step {step}: last entered {view.op or '?'} #{view.entered}, completed #{view.completed}")
     view = rank.view
     if view is not None and rank.stuck_open and view.pending:
-        lines.append(f"stuck: inside {view.op} #{view.entered} on group {view.group} for {view.wait_s:.1f} s")
+        lines.append(f"stuck: inside {view.op or 'a collective'} #{view.entered} on group {view.group} for {view.wait_s:.1f} s")
     elif rank.stuck_open:
         lines.append("stuck: outside any collective")
     if rank.died:
