@@ -240,10 +240,10 @@ def test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck(offloaded: Any) 
     (stuck,) = [alert for alert in alerts(sc.ALERT_KIND_STUCK) if not alert["attributes"].get(sc.ALERT_REPEAT)]
     assert stuck["attributes"][sc.STEP] == 7
     # The training process's stacks, asked for by the drain: this test is where the step is stuck. The drain
-    # waits 30 ms for them and then alerts on time without them, saying why (seen on this 2-core machine
-    # under load: the first alert's answer came late, a repeat's in time).
+    # waits ANSWER_WAIT_S for them and then alerts without them, saying why (a heavily loaded machine: the
+    # first alert's answer came late, a repeat's in time).
     first = stuck["attributes"]
-    assert sc.ALERT_STACKS in first or "did not send its stacks within 30 ms" in first[sc.ALERT_STACKS_ERROR]
+    assert sc.ALERT_STACKS in first or "did not send its stacks within 500 ms" in first[sc.ALERT_STACKS_ERROR]
     stacks = with_stacks()[0]["attributes"]
     assert stacks[sc.STEP] == 7 and sc.ALERT_STACKS_ERROR not in stacks
     assert "test_a_stuck_step_is_alerted_by_the_drain_while_it_is_stuck" in stacks[sc.ALERT_STACKS]

@@ -10,7 +10,7 @@ GIL and never wakes during healthy steps. The drain's side, ``Requests``, is the
   stack as the in-process detector would (``_stacks.thread_stacks``) and writes them into the ring as a
   ``STACKS`` record, which the drain's reader hands back (``deliver``). A training process that does not
   answer within ``ANSWER_WAIT_S`` (its training thread holds the GIL in a long C call, or it is frozen)
-  does not delay the alert: it goes out on time with ``training.alert.stacks.error`` saying why.
+  delays the alert by that much at most: it goes out then with ``training.alert.stacks.error`` saying why.
 - ``exit``: the responder does what the in-process action does (end the open spans, flush within the
   exit budget, ``os._exit`` with the code). One that has not exited by then (the GIL held) is killed with
   SIGKILL, said in the log: the launcher restarts it either way.
@@ -54,8 +54,11 @@ _REQUEST = struct.Struct("<QQQ")
 _ASK_STACKS, _ASK_EXIT, _ASK_DEVICE = 1, 2, 3
 #: How long the drain's GPU sampler (its own thread, not the detector) waits for a device's UUID.
 DEVICE_WAIT_S = 0.5
-#: How long the drain's detector waits for the stacks before it alerts without them.
-ANSWER_WAIT_S = 0.03
+#: How long the drain's detector waits for the stacks (and the alert context: the collective the rank is in, which
+#: the hang verdict reads) before it alerts without them. An alert comes at a threshold of seconds to minutes, so
+#: half a second more costs nothing; 30 ms did: with three gloo ranks stuck at once on a 2-core machine the answers
+#: took 20-40 ms (9 of 9 answered, 6 past 25 ms), and an alert without its context put its rank behind the others.
+ANSWER_WAIT_S = 0.5
 #: How long the responder waits for room in a full ring for its answer.
 _WRITE_WAIT_S = 1.0
 
