@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from otlp_json import read_spans
 from requirements import require
 
 require("torch")
@@ -149,3 +150,59 @@ def test_the_option_is_checked_before_training() -> None:
         resolve({"collective_tracking": "sometimes"})
 
 
+
+
+def test_a_way_out_reads_the_collectives_as_they_stand_and_vouches_for_none() -> None:
+    """``interrupted_attributes``: what was entered, not marked completed (a step's end would), no recorder dump."""
+    tracker = CollectiveTracker(step_number=lambda: 4, route="sequence")
+    group = Group()
+    tracker.attach(group)
+    group.seq = 6  # the step entered its all-reduce, and a peer died in it
+    attributes = tracker.interrupted_attributes()
+    assert (attributes[sc.COLLECTIVE_SEQ], attributes[sc.COLLECTIVE_COMPLETED_SEQ]) == (6, 5)
+    assert attributes[sc.COLLECTIVE_PENDING] is True and attributes[sc.COLLECTIVE_STEP] == 4
+    assert sc.COLLECTIVE_FLIGHT_RECORDER not in attributes and tracker.groups["0"].completed == 5
+    assert CollectiveTracker(route="sequence").interrupted_attributes() == {}  # no group yet: nothing to say
+
+
+def test_a_step_the_way_out_ends_carries_the_collective_it_failed_in(configure, caplog) -> None:
+    """A peer gone mid-collective: the rank's step raises and the way out (the excepthook's ``end_open_spans``)
+    ends it as ERROR. The step carries the collective it was in, entered and not completed: without it the rank's
+    last view would be the step before's, behind the ranks whose stuck alerts named that collective, and the
+    verdict would name the rank that did enter it as the culprit."""
+    import torch
+
+    from otel_training.integrations.torch import TorchInstrumentor
+    from otel_training.lifecycle.hooks import end_open_spans
+
+    telemetry = configure()
+    instrumentor = TorchInstrumentor()
+    instrumentor.instrument()
+    try:
+        tracker = TorchInstrumentor.tracker
+        assert tracker is not None
+        collectives = tracker.collectives = CollectiveTracker(step_number=lambda: tracker.number, route="sequence")
+        group = Group()
+        assert collectives.attach(group)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            group.seq += 2  # DDP's all-reduce and a logging all_gather
+            optimizer.step()
+        model(torch.randn(2, 4)).sum().backward()
+        group.seq += 1  # step 3's all-reduce, where the peer died: the backward raises
+        end_open_spans(telemetry, sc.EVENT_EXCEPTION, {sc.EXCEPTION_TYPE: "RuntimeError"},
+                       "RuntimeError: Connection reset by peer")
+    finally:
+        instrumentor.uninstrument()
+    assert telemetry.force_flush(5).completed
+    steps = {s["attributes"][sc.STEP]: s for s in read_spans(telemetry.trace_path) if s["name"] == sc.SPAN_STEP}
+    assert sorted(steps) == [0, 1, 2, 3]
+    ended, failed = steps[2]["attributes"], steps[3]
+    assert (ended[sc.COLLECTIVE_SEQ], ended[sc.COLLECTIVE_COMPLETED_SEQ], ended[sc.COLLECTIVE_PENDING]) == (11, 11, False)
+    assert failed["status"]["code"] == 2 and [e["name"] for e in failed["events"]] == [sc.EVENT_EXCEPTION]
+    attributes = failed["attributes"]
+    assert (attributes[sc.COLLECTIVE_SEQ], attributes[sc.COLLECTIVE_COMPLETED_SEQ]) == (12, 11)
+    assert attributes[sc.COLLECTIVE_PENDING] is True and attributes[sc.COLLECTIVE_STEP] == 3
+    assert "internal error" not in caplog.text

@@ -401,3 +401,28 @@ def test_forked_workers_do_not_end_or_export_the_parents_open_spans(tmp_path: Pa
     ids = [span["span_id"] for span in spans]
     assert len(ids) == len(set(ids)) == 2, [(s["name"], s["status"], s["resource"]["process.pid"]) for s in spans]
     assert all(span["status"].get("code", 0) != STATUS_ERROR for span in spans)
+
+
+def test_the_way_out_runs_the_failure_callbacks_before_it_ends_the_open_spans(configure, caplog) -> None:
+    """``Telemetry.on_failure``: newest first, while the spans are still open (what they should carry is set
+    before they end); one that raises is logged once and the spans end all the same."""
+    from otel_training.lifecycle.hooks import end_open_spans
+
+    telemetry = configure()
+    trainer = otel_training.TrainerProcess()
+    seen: list[str] = []
+    step = trainer.step(global_step=7)
+
+    def broken() -> None:
+        seen.append("broken")
+        raise RuntimeError("a callback's bug")
+
+    telemetry.on_failure(lambda: seen.append(f"first, span open: {step.span.end_time is None}"))
+    telemetry.on_failure(broken)
+    with step:  # the way out runs inside it, as the excepthook and the signal handlers do
+        assert end_open_spans(telemetry, sc.EVENT_EXCEPTION, {sc.EXCEPTION_TYPE: "RuntimeError"}, "RuntimeError: x") >= 1
+    assert seen == ["broken", "first, span open: True"]
+    assert "a callback's bug" in caplog.text
+    assert telemetry.force_flush(5).completed
+    (failed,) = [s for s in read_spans(telemetry.trace_path) if s["name"] == sc.SPAN_STEP]
+    assert failed["status"]["code"] == STATUS_ERROR and failed["attributes"][sc.STEP] == 7

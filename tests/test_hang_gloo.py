@@ -150,6 +150,13 @@ def test_a_sigkilled_rank_is_reported_dead_by_its_watchdog_and_named_the_culprit
         offline, timelines = _offline_verdict(out, 3)
     assert [(c.rank, c.reason, c.detail) for c in offline.culprits] == [(1, sc.HANG_REASON_NO_HEARTBEAT, "died")]
     assert timelines[1][-1] == "died"
+    # the survivors' failed steps (ended by the excepthook, not their own end) carry the all-reduce they were in,
+    # one past the dead rank's last: had they kept the step before's, a survivor that raised no stuck alert
+    # would look behind one that did, and be named a culprit
+    steps = {rank: {r.attributes[sc.STEP]: r.attributes for r in records(out, rank) if r.name == sc.SPAN_STEP}
+             for rank in range(3)}
+    dead = steps[1][AT_STEP - 1][sc.COLLECTIVE_SEQ]
+    assert [steps[rank][AT_STEP].get(sc.COLLECTIVE_SEQ) for rank in (0, 2)] == [dead + 1, dead + 1], steps
     assert "Hang verdict: culprit rank 1" in _report(out, 3)
 
 

@@ -88,22 +88,23 @@ _dying = False
 def open_spans(telemetry: Telemetry) -> list[Span | RecordSpan]:
     """The pipeline's spans that have begun and not ended, newest first (children before parents).
 
-    Found by walking the garbage collector's objects rather than tracked span by
-    span: this runs only when a process is dying, so the training loop pays
-    nothing for it (a tracking processor cost ~1.5 µs on every span).
+    Found by walking the garbage collector's objects rather than tracked span by span: this runs only when a
+    process is dying, so the training loop pays nothing for it (a tracking processor cost ~1.5 µs on every span).
     """
     from otel_training.pipeline.record_span import RecordSpan  # an offloading pipeline's spans
 
     resource = telemetry.resource
+    # type(), not isinstance(): that reads each object's __class__, which some objects warn on (torch's reduce_op)
     spans = [obj for obj in gc.get_objects()
-             if isinstance(obj, (Span, RecordSpan)) and obj.end_time is None and obj.resource is resource]
+             if issubclass(type(obj), (Span, RecordSpan)) and obj.end_time is None and obj.resource is resource]
     spans.sort(key=lambda span: span.start_time or 0, reverse=True)
     return spans
 
 
 @contained(default=None)
 def end_open_spans(telemetry: Telemetry, event: str, attributes: dict[str, Any], description: str) -> int:
-    """End every open span of the pipeline with status ERROR and ``event``; returns how many."""
+    """End every open span of the pipeline with status ERROR and ``event`` (``on_failure`` first); returns how many."""
+    telemetry.failing()
     spans = open_spans(telemetry)
     for span in spans:
         span.add_event(event, attributes)

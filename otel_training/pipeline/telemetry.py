@@ -94,6 +94,7 @@ class Telemetry:
         self._shutdown_result: FlushResult | None = None
         self._shutdown_lock = threading.Lock()
         self._on_shutdown: list[Callable[[], None]] = []
+        self._on_failure: list[Callable[[], None]] = []
         self._before_flush: list[Callable[[float], None]] = []
         #: ``time.monotonic()`` by which the shutdown in progress must return (None before one).
         self.shutdown_deadline: float | None = None
@@ -242,6 +243,17 @@ class Telemetry:
     def on_shutdown(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the start of shutdown, e.g. to end long-lived spans."""
         self._on_shutdown.append(callback)
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the way out of a dying process (an uncaught exception, a terminating signal, a
+        stuck exit) is about to end the open spans as ERROR: what they should carry is set first (the open
+        step's collectives), since the span's own end, which would set it, never comes."""
+        self._on_failure.append(callback)
+
+    def failing(self) -> None:
+        """The ``on_failure`` callbacks, newest first, each contained (``lifecycle.hooks.end_open_spans``)."""
+        for callback in reversed(self._on_failure):
+            call_contained(callback)
 
     # -- accounting ---------------------------------------------------------
     def counts(self) -> tuple[int, int, int]:

@@ -52,82 +52,12 @@ from typing import Any
 
 from otel_training import semconv as sc
 from otel_training._contain import contained, log_once
+from otel_training.integrations.torch.collective_state import GroupState, describe
 from otel_training.integrations.torch.flight_recorder import OpLabels, flight_recorder, name_ops
 
 #: Hook id of ours on every process group (hooks fire in id order; this keeps us after torch's own).
 HOOK_ID = 0x07E1_0017
 _P2P = frozenset({"SEND", "RECV"})
-
-
-class GroupState:
-    """One process group as this rank sees it; written by the hooks, read by anyone."""
-
-    __slots__ = ("name", "backend", "entered", "op", "args", "op_id", "entered_ns", "step", "completed",
-                 "work", "work_seq", "previous", "previous_seq", "sequence", "step_number", "__weakref__")
-
-    def __init__(self, name: str, backend: str, sequence: Callable[[], int] | None = None,
-                 step_number: Callable[[], int | None] = lambda: None) -> None:
-        self.name = name
-        self.backend = backend
-        #: The sequence route: torch's per-group counter, read when someone looks (None: the hooks write).
-        self.sequence = sequence
-        self.step_number = step_number
-        self.entered = 0
-        self.op: Any = None  # HookOpName of the last entered (named only when read)
-        self.args: Any = None  # its PreHookArgs (tensors: the size, read lazily)
-        self.op_id = -1
-        self.entered_ns = 0
-        self.step: int | None = None
-        self.completed = 0
-        self.work: Any = None
-        self.work_seq = 0
-        self.previous: Any = None
-        self.previous_seq = 0
-
-    def refresh(self) -> None:
-        """The sequence route: what was entered since the last look (the hooks route needs none)."""
-        if self.sequence is None:
-            return
-        entered = int(self.sequence())
-        if entered > self.entered:
-            self.entered, self.op, self.entered_ns = entered, None, time.monotonic_ns()
-            self.step = self.step_number()
-
-    def step_ended(self) -> None:
-        """The sequence route: a step's end vouches for what it entered (its collectives were waited for)."""
-        if self.sequence is not None:
-            self.refresh()
-            self.completed = self.entered
-
-    def poll(self) -> None:
-        """Advance ``completed`` by the Works of the last two collectives that say they finished."""
-        for slot in ("previous", "work"):
-            work, seq = (self.previous, self.previous_seq) if slot == "previous" else (self.work, self.work_seq)
-            if work is not None and work.is_completed():
-                if seq > self.completed:
-                    self.completed = seq
-                if getattr(self, slot) is work:
-                    setattr(self, slot, None)
-
-    @property
-    def pending(self) -> bool:
-        return self.entered > self.completed
-
-    @property
-    def op_name(self) -> str:
-        op = self.op
-        return "" if op is None else str(getattr(op, "name", op)).lower()
-
-    def bytes(self) -> int | None:
-        args = self.args
-        if args is None:
-            return None
-        return sum(int(tensor.nbytes) for tensor in args.input_tensors)
-
-    def wait_s(self, now_ns: int | None = None) -> float:
-        if not self.pending or not self.entered_ns:
-            return 0.0
-        return max(0.0, ((now_ns or time.monotonic_ns()) - self.entered_ns) / 1e9)
 
 
 class CollectiveTracker:
@@ -277,18 +207,33 @@ class CollectiveTracker:
     @contained(default={})
     def alert_attributes(self) -> dict[str, Any]:
         """For a stuck alert: the pending collective (else the last one) and the flight recorder."""
+        return self._now(recorder=True)
+
+    @contained(default={})
+    def interrupted_attributes(self) -> dict[str, Any]:
+        """For a step the way out ends (an exception, a signal): where its collectives stand, vouching for none.
+
+        A step's own end marks what it entered completed (``step_attributes``); a step that failed in a
+        collective (a peer gone) did not complete it, so its rank must not look behind the others. No flight
+        recorder here: a dying process's budget is the flush's, and its op is then not named (matching any).
+        """
+        return self._now(recorder=False)
+
+    def _now(self, recorder: bool) -> dict[str, Any]:
+        """The pending collective (else the last one), read now; ``recorder``: with the flight recorder's entries,
+        which name the sequence route's ops."""
         if not self.groups:
             return {}
         state: GroupState | None  # declared apart: the loop narrows it to GroupState, the pick below may be None
         for state in self.groups.values():
             state.refresh()
             state.poll()
-        recorder = flight_recorder({s.backend for s in self.groups.values()})
-        name_ops(self.groups.values(), recorder)
+        entries = flight_recorder({s.backend for s in self.groups.values()}) if recorder else {}
+        name_ops(self.groups.values(), entries)
         pending = [state for state in self.groups.values() if state.pending]
         state = max(pending, key=lambda s: s.entered_ns) if pending else self.last
         attributes: dict[str, Any] = describe(state, wait=True) if state is not None else {}
-        attributes.update(recorder)
+        attributes.update(entries)
         return attributes
 
     def observe(self) -> list[tuple[str, float, dict[str, Any]]]:
@@ -380,21 +325,3 @@ def _group_name(pg: Any) -> str:
         return str(c10d._world.pg_names.get(pg, ""))  # noqa: SLF001 - torch's only record of a group's name there
     except Exception:  # noqa: BLE001 - a stand-in group in a test, or a torch without it
         return ""
-
-
-def describe(state: GroupState, wait: bool = False) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        sc.COLLECTIVE_GROUP: state.name,
-        sc.COLLECTIVE_OP: state.op_name,
-        sc.COLLECTIVE_SEQ: state.entered,
-        sc.COLLECTIVE_COMPLETED_SEQ: state.completed,
-        sc.COLLECTIVE_PENDING: state.pending,
-    }
-    size = state.bytes()
-    if size is not None:
-        attributes[sc.COLLECTIVE_BYTES] = size
-    if state.step is not None:
-        attributes[sc.COLLECTIVE_STEP] = state.step
-    if wait:
-        attributes[sc.COLLECTIVE_WAIT_S] = round(state.wait_s(), 3)
-    return attributes

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from otel_training import semconv as sc
 
 if TYPE_CHECKING:
-    from otel_training.integrations.torch.collectives import GroupState
+    from otel_training.integrations.torch.collective_state import GroupState
 
 #: The flight recorder's in-flight entries put on a stuck alert: at most this many, this many characters.
 MAX_FR_ENTRIES = 16

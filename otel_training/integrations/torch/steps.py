@@ -107,7 +107,6 @@ class StepTracker(Dormancy, NestedWork):
         self._complete = False
         self._wait_ns = 0
 
-    # -- ownership ----------------------------------------------------------
     def _records_here(self) -> bool:
         return instrumentation_enabled() and self._here()
 
@@ -130,7 +129,6 @@ class StepTracker(Dormancy, NestedWork):
         """``_contained(hook)`` from the hooks' inline handlers (a wrapper would be a frame more, six a step)."""
         self._contained(hook).failed()
 
-    # -- opening and closing ----------------------------------------------
     def _open(self, awaiting_input: bool = False, rt: EventsRuntime | None = None) -> None:
         """``awaiting_input``: opened by the fetch of its batch, so its device time starts at ``fetch_end``;
         ``rt``: the runtime, when the caller has just begun training work (``_training``)."""
@@ -164,6 +162,7 @@ class StepTracker(Dormancy, NestedWork):
             if rt.telemetry is not self._telemetry:
                 self._telemetry = rt.telemetry
                 rt.telemetry.on_shutdown(self._pipeline_closing)
+                rt.telemetry.on_failure(self._interrupted)
             if not rt.telemetry.is_shut_down:  # a closed pipeline's runtime is asked again next time
                 self._rt = rt
         self.loop.training()
@@ -241,10 +240,8 @@ class StepTracker(Dormancy, NestedWork):
         if self._step is None:
             self._open()
 
-    # -- hook entry points ----------------------------------------------------
     def fetch_begin(self, iterator: Any) -> int | None:
-        """Before ``DataLoader`` hands out a batch (its wrapper checked suppression); returns the wall-clock
-        start (ns) of the wait."""
+        """Before ``DataLoader`` hands out a batch (its wrapper checked suppression): the wait's wall-clock start."""
         try:
             if self.dormant and self._still_dormant():
                 return None
@@ -331,8 +328,7 @@ class StepTracker(Dormancy, NestedWork):
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self.optimizer_calls += 1
-            # torch wraps every optimizer class's step() with the hooks, so a subclass whose step()
-            # calls super().step() runs them twice, nested: only the outermost call counts.
+            # a subclass's step() calling super().step() runs torch's hooks twice, nested: the outermost counts
             key = id(optimizer)
             self._nested[key] = self._nested.get(key, 0) + 1
             if self._claim is not None:
@@ -369,8 +365,7 @@ class StepTracker(Dormancy, NestedWork):
     def _stepped_once(self, optimizer: Any, skipped: bool) -> None:
         key = id(optimizer)
         if self._step is None:
-            # An optimizer stepping right after the step closed belongs to that
-            # iteration: remember it so later steps wait for it.
+            # An optimizer stepping right after the step closed belongs to that iteration: later steps wait for it.
             if self._just_closed:
                 self._expected = (self._expected or frozenset()) | {key}
             return
@@ -389,6 +384,11 @@ class StepTracker(Dormancy, NestedWork):
         self.loop.end_evaluation()
         self.close()
         self.loop.close()
+
+    def _interrupted(self) -> None:
+        """The way out (an exception, a signal) ends the open step, not ``_close``: its collectives as they stand."""
+        if self._step is not None and self.collectives is not None:
+            self._step.extra_args(**self.collectives.interrupted_attributes())
 
     def shutdown(self) -> None:
         self.loop.end_evaluation()
