@@ -142,6 +142,29 @@ def test_host_work_and_the_end_of_training_are_no_gap() -> None:
     assert not h.finished(sc.SPAN_BETWEEN_STEPS)
 
 
+def test_the_time_after_host_work_counts_from_its_end_not_from_the_step_before() -> None:
+    """A save, then an evaluation, back to back: between the two no host work is open, and the step before
+    them ended long ago. The time between steps counts from the last host work's end, so that moment is no gap
+    (it was: a tick there opened one backdated to the step, alerted as seconds stuck)."""
+    h = Harness(threshold_s=1.0)
+    token = h.host_step(0, 0, 2)
+    h.device(token, DEVICE_BEGIN, 1)
+    h.device(token, DEVICE_END, 5)
+    save = h.tracer.start_span(sc.SPAN_SAVE_CHECKPOINT, start_time=T0 + 6 * MS)
+    h.steps.host_began(100, save, None)  # type: ignore[arg-type]
+    h.steps.host_ended(100, save, T0 + 3000 * MS)  # type: ignore[arg-type]
+    h.steps.tick(T0 + 3001 * MS)  # between the save and the evaluation
+    evaluation = h.tracer.start_span(sc.SPAN_EVALUATE, start_time=T0 + 3002 * MS)
+    h.steps.host_began(101, evaluation, None)  # type: ignore[arg-type]
+    h.steps.host_ended(101, evaluation, T0 + 6000 * MS)  # type: ignore[arg-type]
+    h.steps.tick(T0 + 6900 * MS)
+    assert not h.finished(sc.SPAN_BETWEEN_STEPS)
+    h.steps.tick(T0 + 7001 * MS)  # past the threshold after the evaluation: a gap, from the evaluation's end
+    h.host_step(1, 7500)
+    (gap,) = h.finished(sc.SPAN_BETWEEN_STEPS)
+    assert gap.start_time == T0 + 6000 * MS and gap.end_time == T0 + 7500 * MS
+
+
 def test_a_failed_resolver_ends_what_is_open_and_later_steps_are_not_waited_for() -> None:
     h = Harness()
     token = h.host_step(0, 0, 1)

@@ -514,6 +514,34 @@ def test_checkpoints_evaluation_and_teardown_are_not_gaps(configure, fake) -> No
     assert result.seconds[sc.BADPUT_EVALUATION] >= 2 * THRESHOLD_S * 0.9
 
 
+def test_the_time_after_host_work_counts_from_its_end(configure, fake) -> None:
+    """On an injected clock: the step ended before a save of 0.2 s; 29.9 s after the save's end is no gap yet,
+    though it is 30 s after the step's (two pieces of host work back to back had that moment between them, and
+    a gap opened there, backdated to the step: a flaky alert on a loaded machine). 30.1 s after is one, from
+    the save's end."""
+    telemetry = configure(stuck_threshold_s=30)
+    trainer = otel_training.TrainerProcess()
+    with trainer.train():
+        with trainer.step(global_step=0):
+            fake.launch(0.002)
+        fake.synchronize()
+        rt = trainer.events_runtime()
+        timeline = rt.device
+        assert isinstance(timeline, device_module.DeviceTimeline)
+        assert wait_until(lambda: timeline.resolved == 1, 30)
+        with trainer.save(path="/tmp/ckpt", step=0):
+            threading.Event().wait(0.2)  # the save itself: the scenario, not a wait for something
+        ended = rt.host_work_ended_ns
+        timeline.poll(now_ns=ended + 29_900_000_000)
+        timeline.poll(now_ns=ended + 30_100_000_000)
+        with trainer.step(global_step=1):
+            fake.launch(0.002)
+    spans = spans_of(telemetry)
+    (gap,) = named(spans, sc.SPAN_BETWEEN_STEPS)
+    (save,) = named(spans, sc.SPAN_SAVE_CHECKPOINT)
+    assert gap["start"] == ended and 0 <= ended - save["end"] < 50_000_000  # its end, as the save ended
+
+
 def test_teardown_after_training_stays_other_with_a_device(configure, fake) -> None:
     telemetry = configure(stuck_threshold_s=30)
     trainer = otel_training.TrainerProcess()

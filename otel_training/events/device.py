@@ -267,6 +267,7 @@ class DeviceTimeline:
                 return
             since = max(about.host_end_ns, self._last_end_ns or 0)  # from when both the host and the device were done
             step_before = (about.host.attributes or {}).get(sc.STEP)
+        since = max(since, rt.host_work_ended_ns)  # or the host work since, which was no gap
         threshold = self._step_threshold_s()
         if threshold is None or now_ns - since <= threshold * 1e9:
             return

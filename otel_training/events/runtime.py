@@ -80,7 +80,7 @@ class EventsRuntime:
     #: Slots: the C core reads the device, the budget and the tracer's start_child at every tracker step's
     #: begin (native/step_span.c), at a field's cost.
     __slots__ = ("telemetry", "tracer", "start_child", "max_spans", "max_age_s", "_traces", "_process_spans", "_lock",
-                 "device", "device_probe_at", "host_work", "training", "values", "closed", "__weakref__")
+                 "device", "device_probe_at", "host_work", "host_work_ended_ns", "training", "values", "closed", "__weakref__")
 
     def __init__(self, telemetry: Telemetry, tracer: Tracer | None = None) -> None:
         self.telemetry = telemetry
@@ -103,6 +103,9 @@ class EventsRuntime:
         #: the training loop is running (None: no ``training.train`` span seen). The device timeline
         #: calls the time between steps idle only while neither says otherwise.
         self.host_work = 0
+        #: When the last of it ended (wall clock, ns): the time between steps after it counts from there, so two
+        #: pieces back to back (a save, then an evaluation) leave no gap as old as the step before them.
+        self.host_work_ended_ns = 0
         self.training: bool | None = None
         #: Device values logged here, read once computed (``values.py``); None with an injected provider, whose
         #: pipeline cannot hold a span for them: they are described there, as before.

@@ -7,6 +7,7 @@ device timeline that the time between steps is not a hang.
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Callable, Mapping
 from time import monotonic as _monotonic
@@ -170,6 +171,8 @@ class HostWork(Duration):
                 counted.training = False
             else:
                 counted.host_work = max(0, counted.host_work - 1)
+                if not counted.host_work:
+                    counted.host_work_ended_ns = time.time_ns()
 
     def _init_state(self) -> None:
         self._counted_in = None

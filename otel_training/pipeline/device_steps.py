@@ -109,6 +109,7 @@ class DeviceSteps:
         self._last_step: Any = None
         self._gap: Span | None = None
         self._host_work = 0
+        self._host_work_end_ns = 0  # when the last host work ended: the time between steps counts from there too
         self._training: bool | None = None
         self.failed = False
         self.resolved = 0
@@ -144,6 +145,8 @@ class DeviceSteps:
             self._training = False
         elif span.name in HOST_WORK:
             self._host_work = max(0, self._host_work - 1)
+            if not self._host_work:
+                self._host_work_end_ns = max(self._host_work_end_ns, end_ns)
 
     # -- the device records --------------------------------------------------------------------------
     def device(self, token: int, which: int, ns: int) -> None:
@@ -229,6 +232,7 @@ class DeviceSteps:
                 return
             since = max(about.host_end_ns, self._last_end_ns or 0)
             step_before = (about.host.attributes or {}).get(sc.STEP)
+        since = max(since, self._host_work_end_ns)  # or the host work since, which was no gap
         threshold = self._threshold_s()
         if threshold is None or now_ns - since <= threshold * 1e9:
             return
