@@ -180,5 +180,18 @@ def test_a_jaeger_that_serves_the_ui_is_announced_with_its_url(stack_binaries: A
         assert url is not None, up.stdout
         assert f"# jaeger ({fake}) serves its UI at {url.group(1)} (and its query API)" in up.stdout
         assert "not the UI" not in up.stdout
+        status = subprocess.run([*STACK, "status", "--run-dir", str(run_dir)], capture_output=True, text=True,
+                                timeout=60, check=False)
+        pid = json.loads(status.stdout)["components"]["jaeger"]["pid"]
+        assert isinstance(pid, int), status.stdout  # known though it runs as its interpreter (it was forgotten)
     finally:
         _down(run_dir)
+    # `down` stops it, though it runs as its interpreter (it was left running, a process per CI run)
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30), f"jaeger {pid} still runs"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True

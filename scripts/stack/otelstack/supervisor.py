@@ -66,12 +66,14 @@ _pid_alive = pid_running  # the name the tests know
 
 
 def _cmdline_matches(pid: int, exe: str) -> bool:
+    """Whether ``pid`` still runs ``exe``: its first argument, or its second where ``exe`` is a script run by
+    the interpreter its first line names (a wrapper of a release binary; it was left running by ``down``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv0 = fh.read().split(b"\0", 1)[0].decode(errors="replace")
+            argv = fh.read().split(b"\0", 2)[:2]
     except OSError:
         return False
-    return argv0 == exe
+    return exe in (arg.decode(errors="replace") for arg in argv)
 
 
 def _signal_group(c: Component, sig: int) -> None:
