@@ -125,13 +125,19 @@ def test_the_time_between_steps_past_the_threshold_is_a_span_until_the_next_step
     assert gap.attributes[sc.STEP] == 0 and gap.attributes[sc.DEVICE_LAST_COMPLETED_STEP] == 0
 
 
-def test_host_work_and_the_end_of_training_are_no_gap() -> None:
+def _a_step_then_a_save() -> tuple[Harness, Any]:
+    """Step 0 done on the host at 2 ms and on the device at 5 ms, then a checkpoint save begun at 6 ms (id 100)."""
     h = Harness(threshold_s=1.0)
     token = h.host_step(0, 0, 2)
     h.device(token, DEVICE_BEGIN, 1)
     h.device(token, DEVICE_END, 5)
     save = h.tracer.start_span(sc.SPAN_SAVE_CHECKPOINT, start_time=T0 + 6 * MS)
     h.steps.host_began(100, save, None)  # type: ignore[arg-type]
+    return h, save
+
+
+def test_host_work_and_the_end_of_training_are_no_gap() -> None:
+    h, save = _a_step_then_a_save()
     h.steps.tick(T0 + 5000 * MS)
     h.steps.host_ended(100, save, T0 + 5000 * MS)  # type: ignore[arg-type]
     train = h.tracer.start_span(sc.SPAN_TRAIN, start_time=T0)
@@ -146,12 +152,7 @@ def test_the_time_after_host_work_counts_from_its_end_not_from_the_step_before()
     """A save, then an evaluation, back to back: between the two no host work is open, and the step before
     them ended long ago. The time between steps counts from the last host work's end, so that moment is no gap
     (it was: a tick there opened one backdated to the step, alerted as seconds stuck)."""
-    h = Harness(threshold_s=1.0)
-    token = h.host_step(0, 0, 2)
-    h.device(token, DEVICE_BEGIN, 1)
-    h.device(token, DEVICE_END, 5)
-    save = h.tracer.start_span(sc.SPAN_SAVE_CHECKPOINT, start_time=T0 + 6 * MS)
-    h.steps.host_began(100, save, None)  # type: ignore[arg-type]
+    h, save = _a_step_then_a_save()
     h.steps.host_ended(100, save, T0 + 3000 * MS)  # type: ignore[arg-type]
     h.steps.tick(T0 + 3001 * MS)  # between the save and the evaluation
     evaluation = h.tracer.start_span(sc.SPAN_EVALUATE, start_time=T0 + 3002 * MS)
