@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
+from otel_training._pids import pid_running
+
 REPO = Path(__file__).resolve().parents[2]
 STACK = [sys.executable, str(REPO / "scripts" / "stack" / "stack.py")]
 pytestmark = pytest.mark.e2e
@@ -187,11 +189,4 @@ def test_a_jaeger_that_serves_the_ui_is_announced_with_its_url(stack_binaries: A
     finally:
         _down(run_dir)
     # `down` stops it, though it runs as its interpreter (it was left running, a process per CI run)
-    assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30), f"jaeger {pid} still runs"
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    assert wait_until(lambda: not pid_running(pid), 30), f"jaeger {pid} still runs"
